@@ -1,0 +1,28 @@
+// Buffer release and the backend factory: the one place that knows which backends were built.
+#include "kernels/backend.h"
+
+#include "runtime/core/error.h"
+
+namespace infoflow {
+
+Buffer::~Buffer() {
+    if (owner_ && ptr_) owner_->release(ptr_);
+}
+
+#if defined(INFOFLOW_HAVE_CUDA)
+std::unique_ptr<Backend> make_cuda_backend(int n_threads);
+#endif
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads) {
+    if (name == "cpu") return make_cpu_backend(n_threads);
+    if (name == "cuda") {
+#if defined(INFOFLOW_HAVE_CUDA)
+        return make_cuda_backend(n_threads);
+#else
+        IF_FAIL("backend 'cuda' was not built into this binary (configure with nvcc available)");
+#endif
+    }
+    IF_FAIL("unknown backend '" << name << "' (expected cpu or cuda)");
+}
+
+}  // namespace infoflow

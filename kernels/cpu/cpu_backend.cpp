@@ -1,0 +1,385 @@
+// The CPU backend: the reference implementation of every op (plain, readable loops where they
+// are not hot) and a fast path where they are (GEMM through single-threaded OpenBLAS calls
+// split over OpenMP threads; attention as a blocked online softmax over key blocks).
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_math.h"
+#include "runtime/core/error.h"
+
+namespace infoflow {
+namespace {
+
+constexpr int kAttnQueryBlock = 64;   // query tokens per attention task
+constexpr int kAttnKeyBlock = 512;    // keys per online-softmax step
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(int n_threads) { set_threads(n_threads); }
+
+    std::string name() const override { return "cpu"; }
+
+    void set_threads(int n_threads) override {
+        n_threads_ = n_threads > 0 ? n_threads : omp_get_max_threads();
+        // BLAS runs single-threaded inside our OpenMP regions: two thread pools spinning on
+        // two cores would fight each other.
+        openblas_set_num_threads(1);
+        omp_set_num_threads(n_threads_);
+    }
+
+    Buffer alloc(size_t bytes) override {
+        if (bytes == 0) return Buffer();
+        const size_t rounded = (bytes + 63) / 64 * 64;
+        void* p = std::aligned_alloc(64, rounded);
+        IF_CHECK(p != nullptr, "CPU allocation of " << bytes << " bytes failed");
+        return Buffer(this, p, bytes);
+    }
+    void release(void* ptr) override { std::free(ptr); }
+    void upload(void* dst, const void* src, size_t bytes) override {
+        if (bytes) std::memcpy(dst, src, bytes);
+    }
+    void download(void* dst, const void* src, size_t bytes) override {
+        if (bytes) std::memcpy(dst, src, bytes);
+    }
+    void copy(void* dst, const void* src, size_t bytes) override {
+        if (bytes) std::memmove(dst, src, bytes);
+    }
+    void synchronize() override {}
+
+    void embed(const float* table, const int32_t* ids, int n, int n_embd, float* out) override {
+        for (int i = 0; i < n; ++i) {
+            std::memcpy(out + size_t(i) * n_embd, table + size_t(ids[i]) * n_embd,
+                        sizeof(float) * n_embd);
+        }
+    }
+
+    void rms_norm(const float* x, const float* w, int n, int d, float eps, float* out) override {
+#pragma omp parallel for schedule(static) num_threads(n_threads_) if (n > 16)
+        for (int i = 0; i < n; ++i) {
+            const float* xi = x + size_t(i) * d;
+            float* oi = out + size_t(i) * d;
+            double ss = 0.0;
+            for (int j = 0; j < d; ++j) ss += double(xi[j]) * xi[j];
+            const float r = 1.0f / std::sqrt(float(ss / d) + eps);
+            for (int j = 0; j < d; ++j) oi[j] = w[j] * (xi[j] * r);
+        }
+    }
+
+    void matmul(const float* x, const float* w, const float* bias, int n, int k, int m, float* out,
+                bool accumulate) override {
+        if (n == 0 || m == 0) return;
+        // Split the output columns over threads; each thread runs one BLAS call on its slice.
+        const int n_slices = std::max(1, std::min(n_threads_, (m + 63) / 64));
+        const int per = ((m + n_slices - 1) / n_slices + 15) / 16 * 16;
+#pragma omp parallel for schedule(static) num_threads(n_slices)
+        for (int s = 0; s < n_slices; ++s) {
+            const int m0 = s * per;
+            const int m1 = std::min(m, m0 + per);
+            if (m0 >= m1) continue;
+            const float beta = accumulate ? 1.0f : 0.0f;
+            if (n == 1) {
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, m1 - m0, k, 1.0f, w + size_t(m0) * k, k,
+                            x, 1, beta, out + m0, 1);
+            } else {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m1 - m0, k, 1.0f, x, k,
+                            w + size_t(m0) * k, k, beta, out + m0, m);
+            }
+            if (bias) {
+                for (int i = 0; i < n; ++i) {
+                    float* o = out + size_t(i) * m;
+                    for (int j = m0; j < m1; ++j) o[j] += bias[j];
+                }
+            }
+        }
+    }
+
+    void rope(float* x, const int32_t* pos, int n, int n_head, int head_dim,
+              const float* inv_freq) override {
+        const int half = head_dim / 2;
+#pragma omp parallel num_threads(n_threads_) if (n > 8)
+        {
+            std::vector<float> cs(half), sn(half);
+#pragma omp for schedule(static)
+            for (int t = 0; t < n; ++t) {
+                const float p = float(pos[t]);
+                for (int i = 0; i < half; ++i) {
+                    const float theta = p * inv_freq[i];  // fp32, as HF computes it
+                    cs[i] = std::cos(theta);
+                    sn[i] = std::sin(theta);
+                }
+                for (int h = 0; h < n_head; ++h) {
+                    float* v = x + (size_t(t) * n_head + h) * head_dim;
+                    for (int i = 0; i < half; ++i) {
+                        const float a = v[i];
+                        const float b = v[i + half];
+                        v[i] = a * cs[i] - b * sn[i];
+                        v[i + half] = b * cs[i] + a * sn[i];
+                    }
+                }
+            }
+        }
+    }
+
+    void attention(const AttnParams& p) override;
+    void attention_scores(const ScoreParams& p) override;
+
+    void swiglu(const float* gate, const float* up, size_t n, float* out) override {
+#pragma omp parallel for schedule(static) num_threads(n_threads_) if (n > 65536)
+        for (size_t i = 0; i < n; ++i) {
+            const float g = gate[i];
+            out[i] = g / (1.0f + std::exp(-g)) * up[i];
+        }
+    }
+
+    void add(float* y, const float* x, size_t n) override {
+#pragma omp parallel for schedule(static) num_threads(n_threads_) if (n > 65536)
+        for (size_t i = 0; i < n; ++i) y[i] += x[i];
+    }
+
+    void lse_merge(float* o_a, float* lse_a, const float* o_b, const float* lse_b, int rows,
+                   int head_dim) override {
+        for (int r = 0; r < rows; ++r) {
+            const float a = lse_a[r];
+            const float b = lse_b[r];
+            if (b == -INFINITY) continue;  // empty partial: nothing to merge
+            float* oa = o_a + size_t(r) * head_dim;
+            const float* ob = o_b + size_t(r) * head_dim;
+            if (a == -INFINITY) {
+                std::memcpy(oa, ob, sizeof(float) * head_dim);
+                lse_a[r] = b;
+                continue;
+            }
+            // lse = max + log1p(exp(-|a-b|)): never overflows.
+            const float mx = std::max(a, b);
+            const float lse = mx + std::log1p(std::exp(-std::fabs(a - b)));
+            const float wa = std::exp(a - lse);
+            const float wb = std::exp(b - lse);
+            for (int d = 0; d < head_dim; ++d) oa[d] = wa * oa[d] + wb * ob[d];
+            lse_a[r] = lse;
+        }
+    }
+
+private:
+    int n_threads_ = 1;
+};
+
+// Blocked attention. A task is (kv head, block of query tokens); its rows are the
+// block's tokens times the g query heads sharing the kv head, so one GEMM serves all of them.
+// Keys are visited in blocks with an online softmax (running max m, sum l, output o).
+void CpuBackend::attention(const AttnParams& p) {
+    const int D = p.head_dim;
+    const int H = p.n_head;
+    const int Hkv = p.n_head_kv;
+    IF_CHECK(H > 0 && Hkv > 0 && H % Hkv == 0 && D > 0, "attention: bad head counts");
+    const int g = H / Hkv;
+    const int stride = p.kv_stride > 0 ? p.kv_stride : Hkv * D;
+    const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(D));
+    const int n_q = p.n_q;
+    const int n_kv = p.n_kv;
+    if (n_q == 0) return;
+
+    // If key positions never decrease, a query block only needs the keys up to its last
+    // position: everything after is masked.
+    bool k_sorted = true;
+    for (int j = 1; j < n_kv && k_sorted; ++j) k_sorted = p.k_pos[j - 1] <= p.k_pos[j];
+
+    const int n_qblocks = (n_q + kAttnQueryBlock - 1) / kAttnQueryBlock;
+    const int n_tasks = n_qblocks * Hkv;
+
+#pragma omp parallel num_threads(n_threads_)
+    {
+        const int max_rows = kAttnQueryBlock * g;
+        std::vector<float> qb(size_t(max_rows) * D);
+        std::vector<float> ob(size_t(max_rows) * D);
+        std::vector<float> s(size_t(max_rows) * kAttnKeyBlock);
+        std::vector<float> m(max_rows), l(max_rows);
+        std::vector<double> lsum(max_rows);
+
+        // Later query blocks see more keys: hand them out first.
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < n_tasks; ++task) {
+            const int qblk = n_qblocks - 1 - task / Hkv;
+            const int hk = task % Hkv;
+            const int t0 = qblk * kAttnQueryBlock;
+            const int nt = std::min(kAttnQueryBlock, n_q - t0);
+            const int rows = nt * g;
+
+            int32_t max_qpos = INT32_MIN;
+            for (int t = 0; t < nt; ++t) max_qpos = std::max(max_qpos, p.q_pos[t0 + t]);
+            int n_keys = n_kv;
+            if (k_sorted) {
+                n_keys = int(std::upper_bound(p.k_pos, p.k_pos + n_kv, max_qpos) - p.k_pos);
+            }
+
+            // Row r = t * g + gi  <->  token t0 + t, query head hk * g + gi.
+            for (int t = 0; t < nt; ++t) {
+                for (int gi = 0; gi < g; ++gi) {
+                    const float* src = p.q + (size_t(t0 + t) * H + hk * g + gi) * D;
+                    float* dst = qb.data() + size_t(t * g + gi) * D;
+                    for (int d = 0; d < D; ++d) dst[d] = src[d] * scale;
+                }
+            }
+            std::fill(ob.begin(), ob.begin() + size_t(rows) * D, 0.0f);
+            std::fill(m.begin(), m.begin() + rows, -INFINITY);
+            std::fill(lsum.begin(), lsum.begin() + rows, 0.0);
+
+            for (int j0 = 0; j0 < n_keys; j0 += kAttnKeyBlock) {
+                const int nk = std::min(kAttnKeyBlock, n_keys - j0);
+                const float* kb = p.k + size_t(j0) * stride + size_t(hk) * D;
+                const float* vb = p.v + size_t(j0) * stride + size_t(hk) * D;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, D, 1.0f, qb.data(),
+                            D, kb, stride, 0.0f, s.data(), nk);
+                bool any = false;
+                for (int t = 0; t < nt; ++t) {
+                    const int32_t qp = p.q_pos[t0 + t];
+                    const int32_t qg = p.q_group ? p.q_group[t0 + t] : 0;
+                    for (int gi = 0; gi < g; ++gi) {
+                        const int r = t * g + gi;
+                        float* sr = s.data() + size_t(r) * nk;
+                        for (int j = 0; j < nk; ++j) {
+                            const bool vis =
+                                p.k_pos[j0 + j] <= qp &&
+                                (p.k_group == nullptr || p.k_group[j0 + j] < 0 ||
+                                 p.k_group[j0 + j] == qg);
+                            if (!vis) sr[j] = -INFINITY;
+                        }
+                        const float mx = cpu::max_of(sr, nk);
+                        if (mx == -INFINITY) {
+                            std::fill(sr, sr + nk, 0.0f);
+                            continue;
+                        }
+                        any = true;
+                        const float m_new = std::max(m[r], mx);
+                        const double sum = cpu::exp_shift_sum(sr, nk, m_new);
+                        if (m[r] != -INFINITY && m_new != m[r]) {
+                            const float alpha = std::exp(m[r] - m_new);
+                            float* o = ob.data() + size_t(r) * D;
+                            for (int d = 0; d < D; ++d) o[d] *= alpha;
+                            lsum[r] *= alpha;
+                        }
+                        lsum[r] += sum;
+                        m[r] = m_new;
+                    }
+                }
+                if (any) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, nk, 1.0f,
+                                s.data(), nk, vb, stride, 1.0f, ob.data(), D);
+                }
+            }
+
+            for (int t = 0; t < nt; ++t) {
+                for (int gi = 0; gi < g; ++gi) {
+                    const int r = t * g + gi;
+                    const int h = hk * g + gi;
+                    float* dst = p.out + (size_t(t0 + t) * H + h) * D;
+                    const float* o = ob.data() + size_t(r) * D;
+                    if (lsum[r] > 0.0) {
+                        const float inv = float(1.0 / lsum[r]);
+                        for (int d = 0; d < D; ++d) dst[d] = o[d] * inv;
+                        if (p.lse) p.lse[size_t(t0 + t) * H + h] = m[r] + float(std::log(lsum[r]));
+                    } else {
+                        std::fill(dst, dst + D, 0.0f);
+                        if (p.lse) p.lse[size_t(t0 + t) * H + h] = -INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Column scores. A task is a block of columns (so no two threads write the same col[j]); inside,
+// query blocks and kv heads are visited, P is rebuilt from the given lse, and the head-mean
+// A[i, j] is accumulated before it is squared (norm) or summed (sum).
+void CpuBackend::attention_scores(const ScoreParams& p) {
+    const int D = p.head_dim;
+    const int H = p.n_head;
+    const int Hkv = p.n_head_kv;
+    IF_CHECK(H > 0 && Hkv > 0 && H % Hkv == 0 && D > 0, "attention_scores: bad head counts");
+    const int g = H / Hkv;
+    const int stride = p.kv_stride > 0 ? p.kv_stride : Hkv * D;
+    const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(D));
+    if (p.n_q == 0 || p.n_cols == 0) return;
+    constexpr int kColBlock = 256;
+    const int n_cblocks = (p.n_cols + kColBlock - 1) / kColBlock;
+
+#pragma omp parallel num_threads(n_threads_)
+    {
+        const int max_rows = kAttnQueryBlock * g;
+        std::vector<float> qb(size_t(max_rows) * D);
+        std::vector<float> s(size_t(max_rows) * kColBlock);
+        std::vector<double> a(size_t(kAttnQueryBlock) * kColBlock);
+#pragma omp for schedule(dynamic, 1)
+        for (int cb = 0; cb < n_cblocks; ++cb) {
+            const int j0 = cb * kColBlock;
+            const int nk = std::min(kColBlock, p.n_cols - j0);
+            int32_t min_kpos = INT32_MAX;
+            for (int j = 0; j < nk; ++j) min_kpos = std::min(min_kpos, p.k_pos[j0 + j]);
+            std::vector<double> col(nk, 0.0);
+            for (int t0 = 0; t0 < p.n_q; t0 += kAttnQueryBlock) {
+                const int nt = std::min(kAttnQueryBlock, p.n_q - t0);
+                int32_t max_qpos = INT32_MIN;
+                for (int t = 0; t < nt; ++t) max_qpos = std::max(max_qpos, p.q_pos[t0 + t]);
+                if (max_qpos < min_kpos) continue;  // every key of the block is in the future
+                std::fill(a.begin(), a.begin() + size_t(nt) * nk, 0.0);
+                for (int hk = 0; hk < Hkv; ++hk) {
+                    const int rows = nt * g;
+                    for (int t = 0; t < nt; ++t) {
+                        for (int gi = 0; gi < g; ++gi) {
+                            const float* src = p.q + (size_t(t0 + t) * H + hk * g + gi) * D;
+                            float* dst = qb.data() + size_t(t * g + gi) * D;
+                            for (int d = 0; d < D; ++d) dst[d] = src[d] * scale;
+                        }
+                    }
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, D, 1.0f,
+                                qb.data(), D, p.k + size_t(j0) * stride + size_t(hk) * D, stride,
+                                0.0f, s.data(), nk);
+                    for (int t = 0; t < nt; ++t) {
+                        const int32_t qp = p.q_pos[t0 + t];
+                        const int32_t qg = p.q_group ? p.q_group[t0 + t] : 0;
+                        double* at = a.data() + size_t(t) * nk;
+                        for (int gi = 0; gi < g; ++gi) {
+                            const float lse = p.lse[size_t(t0 + t) * H + hk * g + gi];
+                            if (lse == -INFINITY) continue;
+                            float* sr = s.data() + size_t(t * g + gi) * nk;
+                            for (int j = 0; j < nk; ++j) {
+                                const bool vis = p.k_pos[j0 + j] <= qp &&
+                                                 (p.k_group == nullptr || p.k_group[j0 + j] < 0 ||
+                                                  p.k_group[j0 + j] == qg);
+                                if (!vis) sr[j] = -INFINITY;
+                            }
+                            cpu::exp_shift_sum(sr, nk, lse);
+                            for (int j = 0; j < nk; ++j) at[j] += sr[j];
+                        }
+                    }
+                }
+                for (int t = 0; t < nt; ++t) {
+                    const double* at = a.data() + size_t(t) * nk;
+                    if (p.aggregate_sum) {
+                        for (int j = 0; j < nk; ++j) col[j] += at[j];
+                    } else {
+                        for (int j = 0; j < nk; ++j) {
+                            const double m = at[j] / H;
+                            col[j] += m * m;
+                        }
+                    }
+                }
+            }
+            for (int j = 0; j < nk; ++j) p.col[j0 + j] += float(col[j]);
+        }
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
+    return std::make_unique<CpuBackend>(n_threads);
+}
+
+}  // namespace infoflow

@@ -1,0 +1,36 @@
+// The command line of infoflow_sp (DESIGN §9):
+//   infoflow_sp --config FILE [--set section.key=value ...] [--out FILE.json]
+// parsed into CliArgs, and the effective Config built from it (file, then each --set in order,
+// then --out, which overrides output.path).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/config/config.h"
+
+namespace infoflow {
+
+constexpr const char* k_infoflow_version = "0.1.0";
+
+struct CliArgs {
+    std::string config_path;        // --config FILE
+    std::vector<std::string> sets;  // --set section.key=value, in order, repeatable
+    std::string out_path;           // --out FILE.json (overrides output.path)
+    bool help = false;              // --help, -h: print cli_usage() and exit
+    bool version = false;           // --version: print the version and exit
+    bool print_config = false;      // --print-config: print the effective config (JSON), exit
+};
+
+// Accepts "--flag value" and "--flag=value". Errors (infoflow::Error) for unknown flags, missing
+// values, positional arguments, a repeated --config / --out, and a missing --config unless
+// --help, --version or --print-config is given (--print-config alone prints the defaults).
+CliArgs parse_cli(int argc, char** argv);
+CliArgs parse_cli(const std::vector<std::string>& args);  // args without the program name
+
+std::string cli_usage(const std::string& program = "infoflow_sp");
+
+// Default config (no --config) or the file, then the --set overrides, then --out.
+Config load_config_from_cli(const CliArgs& args);
+
+}  // namespace infoflow

@@ -1,0 +1,228 @@
+// The run configuration of infoflow_sp (DESIGN §9): one typed field per TOML key, loaded from a
+// config file plus `--set section.key=value` overrides, validated once here (types, ranges,
+// enum names, unknown keys with a "did you mean" hint), every error naming the key and
+// FILE:LINE (or the `--set` argument). The effective config has a canonical JSON form
+// (`to_json`, every key) and a hash of it, compared across ranks at start-up (DESIGN §11).
+//
+// Relative paths (model.path, request.documents_file, request.question_file, niah.filler_file,
+// eval.data_file, cache.path, cache.build_from, output.path, output.csv) are kept as written and
+// resolved against the current working directory of the process — the directory `mpirun` /
+// `srun` / the user launches from, usually the repository root — never against the config
+// file's directory. So `--set` paths, file paths and `--out` behave alike, and the effective
+// config (and its hash) does not depend on where the config file lives.
+//
+// This file does not read model files or check that input files exist; `load_request_text`
+// reads the request's documents / question files when a job needs them.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace infoflow {
+
+struct Config {
+    // Enum-valued keys. Their TOML spellings are the `to_string` names below
+    // ("bench-ttft", "hl-tp", "auto", ...).
+    enum class Job { answer, niah, eval, bench_ttft, cache_build };
+    enum class Backend { cpu, cuda };
+    enum class DType { fp32, bf16, fp16 };
+    enum class Template { qa, longbench, raw };  // instruction template (request.template)
+    enum class ChatTemplate { automatic, chatml, llama3, raw };  // "auto": from the model file
+    enum class ChunkMode { passage, fixed };
+    enum class Method { full, none, infoflow, cacheblend, epic, ring, reform };
+    enum class Query { question, suffix };
+    enum class Aggregate { norm, sum };
+    enum class Layout { global, hl_tp, hl_hp, tl_tp };
+    enum class Softmax { global, local };
+    enum class BlendMetric { v, k };
+    enum class EpicMode { ratio, fixed };
+    enum class Comm { automatic, mpi, nccl, self };  // "auto"
+    enum class Exchange { kv, exact };
+    enum class RingLayout { zigzag, contiguous };
+    enum class RingExchange { p2p, allgather };
+
+    static constexpr int k_default_chunk_size = 2048;
+
+    struct ModelSection {
+        std::string path =
+            "models/SmolLM2-135M-Instruct.Q4_1.gguf";  // GGUF, HF dir, random:<shape>
+        Backend backend = Backend::cpu;
+        int threads = 2;            // CPU threads per rank; 0 = all cores (OpenMP default)
+        DType dtype = DType::fp32;  // compute type of weights and activations
+    };
+    struct RequestSection {
+        std::string system;                  // system prompt (part of chunk 0)
+        std::vector<std::string> documents;  // inline documents, each non-empty
+        std::string documents_file;          // .jsonl or .txt (see load_request_text)
+        std::string question;
+        std::string question_file;                // whole file, trailing whitespace trimmed
+        Template prompt_template = Template::qa;  // key: request.template
+        ChatTemplate chat_template = ChatTemplate::automatic;
+    };
+    struct ChunkingSection {
+        ChunkMode mode = ChunkMode::passage;
+        // Tokens per chunk for mode "fixed", > 0. Unset = k_default_chunk_size on one rank, and
+        // one chunk per rank in a distributed "fixed" run (DESIGN §5.1).
+        std::optional<int> size;
+        std::string sink = "bos";  // "bos", "none", or a literal token string
+        int size_or_default() const { return size ? *size : k_default_chunk_size; }
+    };
+    struct MethodSection {
+        Method name = Method::infoflow;
+        double ratio = 0.15;   // recompute fraction of T, in [0, 1]
+        bool reorder = false;  // DESIGN §3.7
+    };
+    struct ScoringSection {
+        Query query = Query::question;
+        Aggregate aggregate = Aggregate::norm;
+        Layout layout = Layout::global;
+        std::vector<int> layers;  // empty = the model rule of DESIGN §3.3 (resolve_scoring_layers)
+        Softmax softmax = Softmax::global;
+        int block = 512;  // row/column block of the scoring pass, > 0
+    };
+    struct CacheBlendSection {
+        BlendMetric metric = BlendMetric::v;
+    };
+    struct EpicSection {
+        EpicMode mode = EpicMode::ratio;
+        int k = 16;  // tokens per chunk for mode "fixed", >= 1
+    };
+    struct ParallelSection {
+        Comm comm = Comm::automatic;
+        Exchange exchange = Exchange::kv;
+        int emulate_ranks = 0;  // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+    };
+    struct RingSection {
+        RingLayout layout = RingLayout::zigzag;
+        RingExchange exchange = RingExchange::p2p;
+    };
+    struct DecodeSection {
+        int max_new_tokens = 32;   // >= 0
+        double temperature = 0.0;  // >= 0; 0 = greedy
+        uint64_t seed = 0;
+        std::optional<int> top_k;  // > 0; unset = whole vocabulary
+    };
+    struct NiahSection {
+        std::vector<int> lengths = {4096, 8192};                   // context tokens, each > 0
+        std::vector<double> depths = {0.0, 0.25, 0.5, 0.75, 1.0};  // needle depth, in [0, 1]
+        std::vector<Method> methods = {Method::full, Method::infoflow};
+        std::vector<Layout> layouts = {Layout::global};
+        std::string needle = "The special magic number is 7481.";
+        std::string question = "What is the special magic number mentioned in the text?";
+        std::string answer = "7481";  // a run is correct when the answer text contains it
+        std::string filler_file;      // text the haystack is cut from; empty = built-in filler
+        uint64_t seed = 0;
+    };
+    struct EvalSection {
+        std::string data_file;  // .jsonl samples
+        int max_samples = 0;    // 0 = all
+        std::string task;       // dataset / metric name, e.g. "hotpotqa"
+    };
+    struct BenchSection {
+        std::vector<int> lengths = {8192, 16384, 32768};  // context tokens, each > 0
+        std::vector<Method> methods = {Method::full, Method::ring, Method::infoflow};
+        int runs = 5;     // timed runs, median reported, >= 1
+        int warmup = 1;   // >= 0
+        int threads = 0;  // CPU threads per rank for the benchmark; 0 = model.threads
+    };
+    struct CacheSection {
+        std::string path;        // HDF5 KV store
+        std::string build_from;  // documents file for job "cache-build"
+    };
+    struct OutputSection {
+        std::string path;  // results JSON (also --out)
+        std::string csv;   // table rows as CSV
+    };
+
+    Job job = Job::answer;
+    ModelSection model;
+    RequestSection request;
+    ChunkingSection chunking;
+    MethodSection method;
+    ScoringSection scoring;
+    CacheBlendSection cacheblend;
+    EpicSection epic;
+    ParallelSection parallel;
+    RingSection ring;
+    DecodeSection decode;
+    NiahSection niah;
+    EvalSection eval;
+    BenchSection bench;
+    CacheSection cache;
+    OutputSection output;
+
+    // Effective config, every key, as {"job": ..., "model": {...}, ...}; unset optionals are
+    // null. Enum values use their TOML spellings.
+    nlohmann::json to_json() const;
+    // 16 hex digits: FNV-1a 64 of to_json().dump() (keys sorted, so canonical).
+    std::string hash() const;
+    // Inverse of to_json (same validation as a TOML file; missing keys keep defaults; null
+    // leaves an optional unset). `origin` names the source in errors.
+    static Config from_json(const nlohmann::json& j, const std::string& origin = "<json>");
+};
+
+// Equality of every key (compares the canonical JSON forms).
+bool operator==(const Config& a, const Config& b);
+bool operator!=(const Config& a, const Config& b);
+
+const char* to_string(Config::Job v);
+const char* to_string(Config::Backend v);
+const char* to_string(Config::DType v);
+const char* to_string(Config::Template v);
+const char* to_string(Config::ChatTemplate v);
+const char* to_string(Config::ChunkMode v);
+const char* to_string(Config::Method v);
+const char* to_string(Config::Query v);
+const char* to_string(Config::Aggregate v);
+const char* to_string(Config::Layout v);
+const char* to_string(Config::Softmax v);
+const char* to_string(Config::BlendMetric v);
+const char* to_string(Config::EpicMode v);
+const char* to_string(Config::Comm v);
+const char* to_string(Config::Exchange v);
+const char* to_string(Config::RingLayout v);
+const char* to_string(Config::RingExchange v);
+
+// Loads a TOML config file, then applies `sets` ("section.key=value", in order), then validates
+// across keys. Errors (infoflow::Error):
+//   parse error        "FILE:LINE:COL: message"
+//   unknown key        "unknown key 'method.rato' at FILE:LINE (did you mean 'method.ratio'?)"
+//   wrong type         "method.ratio at FILE:LINE: expected a float, got string"
+//   bad value          "method.name at FILE:LINE: 'infoflw' is not one of full|none|..."
+//   in a --set         the same, with "--set method.ratio" in place of "method.ratio at FILE:LINE"
+Config load_config(const std::string& path, const std::vector<std::string>& sets = {});
+// The same from TOML text; `origin` stands for FILE in messages.
+Config parse_config(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& sets = {});
+// Applies overrides to an already loaded config and re-validates. The value of a
+// "section.key=value" is parsed as a TOML value (42, 0.3, true, "text", [1, 2]); text that is not
+// a TOML value is taken as a string, and so is any value given to a string key.
+void apply_overrides(Config& cfg, const std::vector<std::string>& sets);
+
+// Every key the loader knows, "job" and "section.key", in to_json order.
+std::vector<std::string> config_keys();
+
+// Scoring layers for a model of `n_layer` layers (DESIGN §3.3): `layers` when non-empty (each
+// must be < n_layer, else an error naming scoring.layers); otherwise [22, 23, 24, 25] when
+// n_layer >= 26, else the four layers ending at round(0.8 * n_layer), clamped to the model.
+std::vector<int> resolve_scoring_layers(const std::vector<int>& layers, int n_layer);
+
+// The request's text with files read in: documents from request.documents or
+// request.documents_file, the question from request.question or request.question_file.
+// documents_file formats:
+//   .jsonl  one document per non-empty line, a JSON object with a string "text" (or "context")
+//   .txt    documents separated by lines containing only "---"; each document is trimmed of
+//           surrounding blank lines / whitespace; empty documents are skipped
+// Errors name the file (and line for .jsonl).
+struct RequestText {
+    std::string system;
+    std::vector<std::string> documents;
+    std::string question;
+};
+RequestText load_request_text(const Config::RequestSection& req);
+std::vector<std::string> read_documents_file(const std::string& path);
+
+}  // namespace infoflow

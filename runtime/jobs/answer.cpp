@@ -1,0 +1,76 @@
+// job = "answer": one request through one method; prints the answer, per-phase times and the
+// selected fraction; returns the DESIGN §9 JSON.
+#include <cstdio>
+
+#include "runtime/core/error.h"
+#include "runtime/jobs/jobs.h"
+#include "runtime/jobs/session.h"
+#include "runtime/model/sampling.h"
+
+namespace infoflow {
+
+nlohmann::json method_result_json(const MethodResult& r, const Session& s, const Config& cfg,
+                                  int ranks) {
+    using nlohmann::json;
+    json j;
+    j["job"] = to_string(cfg.job);
+    j["method"] = r.method;
+    j["ranks"] = ranks;
+    j["model"] = s.weights->source;
+    j["context_tokens"] = r.context_tokens;
+    j["suffix_tokens"] = r.suffix_tokens;
+    json ans;
+    ans["text"] = s.tokenizer ? s.tokenizer->decode(r.answer) : std::string();
+    ans["token_ids"] = r.answer;
+    ans["stopped"] = r.stopped;
+    j["answer"] = ans;
+    json top = json::array();
+    for (const auto& [id, logit] : top_logits(r.first_logits.data(), int(r.first_logits.size()), 20)) {
+        top.push_back({{"id", id}, {"logit", logit}});
+    }
+    j["first_token_top"] = top;
+    j["first_token_logprobs_full_vocab_file"] = nullptr;
+    j["selected_positions"] = r.selected_positions;
+    j["selected_fraction"] =
+        r.context_tokens ? double(r.selected_positions.size()) / r.context_tokens : 0.0;
+    j["chunk_order"] = r.chunk_order;
+    j["ttft_ms"] = r.ttft_ms;
+    json phases = json::array();
+    for (const PhaseTime& p : r.phases) {
+        phases.push_back({{"name", p.name},
+                          {"ms", json::array({p.ms})},
+                          {"bytes_sent", json::array({0})},
+                          {"bytes_recv", json::array({0})}});
+    }
+    j["phases"] = phases;
+    j["config"] = cfg.to_json();
+    return j;
+}
+
+nlohmann::json run_answer(const Config& cfg, Session& s) {
+    const RequestText text = load_request_text(cfg.request);
+    const PreparedRequest req = prepare_request(s.tok(), s.chat_template(), text, cfg);
+    const MethodResult r = run_method(*s.model, req, cfg, s.tok().stop_ids());
+    const std::string answer = s.tok().decode(r.answer);
+
+    std::printf("model      : %s (%s, %d threads)\n", s.weights->source.c_str(),
+                s.backend->name().c_str(), cfg.model.threads);
+    std::printf("method     : %s  ratio %.3f  layout %s%s\n", r.method.c_str(), cfg.method.ratio,
+                to_string(cfg.scoring.layout), cfg.method.reorder ? "  reorder" : "");
+    std::printf("context    : %d tokens in %d chunks, suffix %d tokens\n", r.context_tokens,
+                req.n_chunks(), r.suffix_tokens);
+    if (cfg.method.name != Config::Method::full) {
+        std::printf("recomputed : %zu tokens (%.1f%% of the context)\n",
+                    r.selected_positions.size(),
+                    r.context_tokens ? 100.0 * r.selected_positions.size() / r.context_tokens : 0.0);
+    }
+    std::printf("phases     :");
+    for (const PhaseTime& p : r.phases) std::printf(" %s %.1f ms;", p.name.c_str(), p.ms);
+    std::printf("\nTTFT       : %.1f ms\n", r.ttft_ms);
+    std::printf("question   : %s\n", text.question.c_str());
+    std::printf("answer     : %s\n", answer.c_str());
+    std::fflush(stdout);
+    return method_result_json(r, s, cfg, 1);
+}
+
+}  // namespace infoflow

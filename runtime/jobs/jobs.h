@@ -1,0 +1,23 @@
+// Jobs (DESIGN §9): each reads the effective config, runs, prints a human summary on rank 0 and
+// returns its machine-readable result.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/config/config.h"
+#include "runtime/method/pipeline.h"
+
+namespace infoflow {
+
+struct Session;
+
+// Dispatches on cfg.job; writes the JSON result to cfg.output.path when set (atomically).
+nlohmann::json run_job(const Config& cfg);
+
+nlohmann::json run_answer(const Config& cfg, Session& s);
+
+// The JSON form of one method run (DESIGN §9, job "answer").
+nlohmann::json method_result_json(const MethodResult& r, const Session& s, const Config& cfg,
+                                  int ranks);
+
+}  // namespace infoflow

@@ -1,0 +1,28 @@
+// Job dispatch and result output.
+#include <cstdio>
+
+#include "runtime/core/error.h"
+#include "runtime/core/fs.h"
+#include "runtime/jobs/jobs.h"
+#include "runtime/jobs/session.h"
+
+namespace infoflow {
+
+nlohmann::json run_job(const Config& cfg) {
+    std::unique_ptr<Session> s = open_session(cfg);
+    nlohmann::json result;
+    switch (cfg.job) {
+        case Config::Job::answer:
+            result = run_answer(cfg, *s);
+            break;
+        default:
+            IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not available in this build");
+    }
+    if (!cfg.output.path.empty()) {
+        write_file_atomic(cfg.output.path, result.dump(2) + "\n");
+        std::printf("results    : %s\n", cfg.output.path.c_str());
+    }
+    return result;
+}
+
+}  // namespace infoflow

@@ -1,0 +1,48 @@
+#include "runtime/jobs/session.h"
+
+#include <chrono>
+#include <sys/stat.h>
+
+#include "runtime/core/error.h"
+#include "runtime/formats/gguf.h"
+#include "runtime/model/model_loader.h"
+
+namespace infoflow {
+
+const Tokenizer& Session::tok() const {
+    IF_CHECK(tokenizer != nullptr, "model '" << weights->source
+                                             << "' has no tokenizer (synthetic random: models "
+                                                "serve benchmarks only)");
+    return *tokenizer;
+}
+
+const ChatTemplate& Session::chat_template() const {
+    tok();
+    return *chat;
+}
+
+std::unique_ptr<Session> open_session(const Config& cfg) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto s = std::make_unique<Session>();
+    const std::string& path = cfg.model.path;
+    s->weights = std::make_unique<ModelWeights>(load_model_weights(path));
+    if (path.rfind("random:", 0) != 0) {
+        struct stat st {};
+        IF_CHECK(::stat(path.c_str(), &st) == 0, "model.path '" << path << "' does not exist");
+        if (S_ISDIR(st.st_mode)) {
+            s->tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_hf_dir(path));
+        } else {
+            GgufFile gguf(path);
+            s->tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(gguf));
+        }
+        std::string chat_name = to_string(cfg.request.chat_template);
+        s->chat = std::make_unique<ChatTemplate>(*s->tokenizer, chat_name);
+    }
+    s->backend = make_backend(to_string(cfg.model.backend), cfg.model.threads);
+    s->model = std::make_unique<Model>(*s->backend, *s->weights);
+    s->load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                     .count();
+    return s;
+}
+
+}  // namespace infoflow

@@ -1,0 +1,31 @@
+// What every job opens once: the model weights on a backend, the tokenizer and chat template
+// of the model file (none for synthetic `random:` models).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/backend.h"
+#include "runtime/config/config.h"
+#include "runtime/formats/chat_template.h"
+#include "runtime/formats/tokenizer.h"
+#include "runtime/model/model.h"
+#include "runtime/model/weights.h"
+
+namespace infoflow {
+
+struct Session {
+    std::unique_ptr<ModelWeights> weights;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Tokenizer> tokenizer;  // null for random: models
+    std::unique_ptr<ChatTemplate> chat;    // null for random: models
+    double load_ms = 0.0;
+
+    const Tokenizer& tok() const;  // errors when the model has no tokenizer
+    const ChatTemplate& chat_template() const;
+};
+
+std::unique_ptr<Session> open_session(const Config& cfg);
+
+}  // namespace infoflow

@@ -1,0 +1,75 @@
+#include "runtime/method/chunk_kv.h"
+
+#include "runtime/core/error.h"
+
+namespace infoflow {
+
+ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id) {
+    const ModelConfig& c = model.config();
+    Backend& be = model.backend();
+    const int lead = sink_id >= 0 ? 1 : 0;
+    const int n = int(tokens.size());
+    std::vector<int32_t> seq;
+    if (lead) seq.push_back(sink_id);
+    seq.insert(seq.end(), tokens.begin(), tokens.end());
+    std::vector<int32_t> pos(seq.size());
+    for (size_t i = 0; i < seq.size(); ++i) pos[i] = int32_t(i);
+
+    ChunkKv out;
+    out.tokens = tokens;
+    out.local_pos.assign(pos.begin() + lead, pos.end());
+    if (n == 0) return out;
+    KvCache cache = model.make_cache(int(seq.size()));
+    const int first = cache.append(int(seq.size()), pos.data(), nullptr);
+    std::vector<int32_t> slots(seq.size());
+    for (size_t i = 0; i < seq.size(); ++i) slots[i] = first + int32_t(i);
+    Buffer hidden = be.alloc_floats(seq.size() * size_t(c.n_embd));
+    model.embed(seq.data(), int(seq.size()), hidden.data());
+    const size_t row = size_t(cache.row());
+    for (int l = 0; l < c.n_layer; ++l) {
+        model.layer_forward(l, hidden.data(), int(seq.size()), pos.data(), nullptr, slots.data(),
+                            cache);
+        out.k.push_back(be.alloc_floats(size_t(n) * row));
+        out.v.push_back(be.alloc_floats(size_t(n) * row));
+        be.copy(out.k[l].data(), cache.k(l) + lead * row, size_t(n) * row * sizeof(float));
+        be.copy(out.v[l].data(), cache.v(l) + lead * row, size_t(n) * row * sizeof(float));
+    }
+    return out;
+}
+
+void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std::vector<int>& order,
+                    const std::vector<int32_t>& target_pos, const std::vector<int32_t>* group,
+                    KvCache& cache, int n_layers) {
+    Backend& be = model.backend();
+    const int L = n_layers < 0 ? model.config().n_layer : n_layers;
+    size_t total = 0;
+    for (int ci : order) total += chunks.at(ci).tokens.size();
+    IF_CHECK(target_pos.size() == total, "assemble_cache: " << target_pos.size()
+                                                            << " positions for " << total
+                                                            << " tokens");
+    IF_CHECK(group == nullptr || group->size() == total, "assemble_cache: group size mismatch");
+    const int first = cache.append(int(total), target_pos.data(), group ? group->data() : nullptr);
+    const size_t row = size_t(cache.row());
+    int at = 0;
+    for (int ci : order) {
+        const ChunkKv& ck = chunks[ci];
+        const int n = ck.size();
+        if (n == 0) continue;
+        std::vector<int32_t> delta(n);
+        bool rotate = false;
+        for (int i = 0; i < n; ++i) {
+            delta[i] = target_pos[at + i] - ck.local_pos[i];
+            rotate = rotate || delta[i] != 0;
+        }
+        for (int l = 0; l < L; ++l) {
+            float* kd = cache.k(l) + size_t(first + at) * row;
+            be.copy(kd, ck.k[l].data(), size_t(n) * row * sizeof(float));
+            be.copy(cache.v(l) + size_t(first + at) * row, ck.v[l].data(),
+                    size_t(n) * row * sizeof(float));
+            if (rotate) model.rerotate_keys(kd, n, delta.data());
+        }
+        at += n;
+    }
+}
+
+}  // namespace infoflow

@@ -1,0 +1,34 @@
+// Chunk prefill (DESIGN §3.1) and global position reconstruction (§3.2). A chunk is prefilled
+// on its own as [sink] + chunk with causal attention inside that sequence; the sink's K/V are
+// dropped. Its keys are kept post-RoPE at their local positions; `assemble_cache` places the
+// chunks in a cache in a given order and rotates each key by delta = target - local position
+// (rotations compose), which is how every layout and every re-ordering is built from one
+// prefill per chunk.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model/model.h"
+
+namespace infoflow {
+
+struct ChunkKv {
+    std::vector<int32_t> tokens;     // [n] without the sink
+    std::vector<int32_t> local_pos;  // [n] positions used at prefill (1.. after a sink, else 0..)
+    std::vector<Buffer> k, v;        // per layer, [n, n_head_kv*head_dim]; k post-RoPE at local_pos
+    int size() const { return int(tokens.size()); }
+};
+
+// Prefills `tokens` alone, preceded by `sink_id` when >= 0. With no sink this equals an exact
+// prefill of the chunk at positions 0.. (how chunk 0 is computed).
+ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id);
+
+// Appends the chunks to `cache` in `order` (indices into `chunks`), token j of the result at
+// position target_pos[j] (one entry per appended token, in appended order) with visibility group
+// group[j] (nullptr: none). Only layers [0, n_layers) are filled (n_layers < 0: all).
+void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std::vector<int>& order,
+                    const std::vector<int32_t>& target_pos, const std::vector<int32_t>* group,
+                    KvCache& cache, int n_layers = -1);
+
+}  // namespace infoflow

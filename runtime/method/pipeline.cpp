@@ -1,0 +1,239 @@
+#include "runtime/method/pipeline.h"
+
+#include <chrono>
+#include <numeric>
+
+#include "runtime/core/error.h"
+#include "runtime/method/chunk_kv.h"
+#include "runtime/method/recompute.h"
+#include "runtime/method/scoring.h"
+#include "runtime/method/selection.h"
+#include "runtime/model/generate.h"
+
+namespace infoflow {
+namespace {
+
+class PhaseClock {
+public:
+    explicit PhaseClock(std::vector<PhaseTime>& out) : out_(out), t_(now()) {}
+    void mark(const std::string& name) {
+        const auto t = now();
+        out_.push_back({name, std::chrono::duration<double, std::milli>(t - t_).count()});
+        t_ = t;
+    }
+
+private:
+    static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
+    std::vector<PhaseTime>& out_;
+    std::chrono::steady_clock::time_point t_;
+};
+
+double sum_ms(const std::vector<PhaseTime>& p) {
+    double s = 0.0;
+    for (const auto& x : p) s += x.ms;
+    return s;
+}
+
+GenerateOptions generate_options(const Config& cfg, const std::vector<int32_t>& stop_ids) {
+    GenerateOptions g;
+    g.max_new_tokens = cfg.decode.max_new_tokens;
+    g.stop_ids = stop_ids;
+    g.sampling.temperature = float(cfg.decode.temperature);
+    g.sampling.seed = cfg.decode.seed;
+    g.sampling.top_k = cfg.decode.top_k ? *cfg.decode.top_k : 0;
+    return g;
+}
+
+void check_positions(const Model& model, int T, int Q, int max_new) {
+    const int n_ctx = model.config().n_ctx_train;
+    IF_CHECK(T + Q + max_new <= n_ctx, "the request needs " << T + Q + max_new
+                                                            << " positions (context " << T
+                                                            << " + suffix " << Q
+                                                            << " + decode.max_new_tokens "
+                                                            << max_new << ") but the model ("
+                                                            << model.weights().source
+                                                            << ") has " << n_ctx);
+}
+
+}  // namespace
+
+std::vector<int32_t> scoring_rows(const PreparedRequest& req, Config::Query query) {
+    if (query == Config::Query::suffix) return req.suffix;
+    return std::vector<int32_t>(req.suffix.begin() + req.question_begin,
+                                req.suffix.begin() + req.question_end);
+}
+
+MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
+                        const std::vector<int32_t>& stop_ids) {
+    const ModelConfig& c = model.config();
+    const Config::Method method = cfg.method.name;
+    MethodResult r;
+    r.method = to_string(method);
+    r.context_tokens = req.context_tokens();
+    r.suffix_tokens = int(req.suffix.size());
+    const int T = r.context_tokens;
+    const int Q = r.suffix_tokens;
+    const int max_new = cfg.decode.max_new_tokens;
+    check_positions(model, T, Q, max_new);
+    PhaseClock clock(r.phases);
+    const GenerateOptions gen = generate_options(cfg, stop_ids);
+
+    if (method == Config::Method::full) {
+        KvCache cache = model.make_cache(T + Q + max_new);
+        const std::vector<int32_t> seq = req.full_sequence();
+        std::vector<int32_t> pos(seq.size());
+        std::iota(pos.begin(), pos.end(), 0);
+        r.first_logits = model.forward(cache, seq, pos);
+        clock.mark("prefill");
+        r.ttft_ms = sum_ms(r.phases);
+        r.chunk_order.resize(req.n_chunks());
+        std::iota(r.chunk_order.begin(), r.chunk_order.end(), 0);
+        const GenerateResult g = generate(model, cache, r.first_logits, T + Q, gen);
+        r.answer = g.tokens;
+        r.stopped = g.stopped;
+        clock.mark("decode");
+        return r;
+    }
+    IF_CHECK(method == Config::Method::none || method == Config::Method::infoflow ||
+                 method == Config::Method::cacheblend || method == Config::Method::epic,
+             "method.name = \"" << r.method << "\" is not a single-rank method");
+
+    // Phase 1: chunk prefill, chunk 0 exact (no sink), chunks >= 1 with the sink.
+    std::vector<ChunkKv> chunks;
+    for (int i = 0; i < req.n_chunks(); ++i) {
+        chunks.push_back(prefill_chunk(model, req.chunks[i], i == 0 ? -1 : req.sink_id));
+    }
+    clock.mark("chunk_prefill");
+
+    const std::vector<int32_t> rows = scoring_rows(req, cfg.scoring.query);
+    ScoreOptions so;
+    so.layers = resolve_scoring_layers(cfg.scoring.layers, c.n_layer);
+    so.aggregate_sum = cfg.scoring.aggregate == Config::Aggregate::sum;
+    so.layout = cfg.scoring.layout;
+    const int k_budget = recompute_budget(cfg.method.ratio, T);
+
+    // Optional reorder (§3.7): stage 1 scores with hl-tp over all context tokens.
+    std::vector<int> order(chunks.size());
+    std::iota(order.begin(), order.end(), 0);
+    if (method == Config::Method::infoflow && cfg.method.reorder) {
+        ScoreOptions s1 = so;
+        s1.layout = Config::Layout::hl_tp;
+        const std::vector<double> score = score_context(model, chunks, order, rows, s1);
+        const std::vector<int32_t> gpos = global_positions(chunks, order);
+        std::vector<int> slot_chunk, sizes;
+        for (int ci : order) {
+            sizes.push_back(chunks[ci].size());
+            for (int t = 0; t < chunks[ci].size(); ++t) slot_chunk.push_back(ci);
+        }
+        const std::vector<int> sel =
+            select_top_k(score, gpos, std::vector<uint8_t>(size_t(T), 1), k_budget);
+        order = reorder_by_selection(sel, slot_chunk, sizes);
+        clock.mark("reorder");
+    }
+    r.chunk_order = order;
+
+    // Assemble the cache at global positions (§3.2).
+    const std::vector<int32_t> gpos = global_positions(chunks, order);
+    std::vector<int32_t> slot_token;
+    std::vector<int> slot_chunk, chunk_begin, chunk_size;
+    for (int ci : order) {
+        chunk_begin.push_back(int(slot_token.size()));
+        chunk_size.push_back(chunks[ci].size());
+        for (int t = 0; t < chunks[ci].size(); ++t) {
+            slot_token.push_back(chunks[ci].tokens[t]);
+            slot_chunk.push_back(ci);
+        }
+    }
+    KvCache cache = model.make_cache(T + Q + max_new);
+    assemble_cache(model, chunks, order, gpos, nullptr, cache);
+    std::vector<uint8_t> eligible(T);
+    for (int j = 0; j < T; ++j) eligible[j] = slot_chunk[j] != 0;
+
+    // Selection and recompute.
+    std::vector<int> selected;
+    if (method == Config::Method::infoflow) {
+        if (k_budget > 0) {
+            const std::vector<double> score = score_context(model, chunks, order, rows, so);
+            selected = select_top_k(score, gpos, eligible, k_budget);
+        }
+        clock.mark("scoring");
+    } else if (method == Config::Method::epic) {
+        selected = epic_selection(order, chunk_begin, chunk_size,
+                                  cfg.epic.mode == Config::EpicMode::fixed, cfg.method.ratio,
+                                  cfg.epic.k);
+        clock.mark("scoring");
+    }
+
+    auto gather = [&](const std::vector<int>& sel, std::vector<int32_t>& slots,
+                      std::vector<int32_t>& toks, std::vector<int32_t>& pos) {
+        for (int j : sel) {
+            slots.push_back(j);
+            toks.push_back(slot_token[j]);
+            pos.push_back(gpos[j]);
+        }
+    };
+
+    if (method == Config::Method::cacheblend && k_budget > 0 && c.n_layer > 1) {
+        // Layer 0 exact for every context token, then the layer-1 K/V deviation picks S.
+        std::vector<int32_t> all_slots, all_toks, all_pos;
+        std::vector<int> all(T);
+        std::iota(all.begin(), all.end(), 0);
+        gather(all, all_slots, all_toks, all_pos);
+        Backend& be = model.backend();
+        const size_t row = size_t(cache.row());
+        Buffer h = be.alloc_floats(size_t(T) * c.n_embd);
+        model.embed(all_toks.data(), T, h.data());
+        model.layer_forward(0, h.data(), T, all_pos.data(), nullptr, all_slots.data(), cache);
+        Buffer k1 = be.alloc_floats(size_t(T) * row);
+        Buffer v1 = be.alloc_floats(size_t(T) * row);
+        model.layer_kv(1, h.data(), T, all_pos.data(), k1.data(), v1.data());
+        std::vector<float> fresh(size_t(T) * row), cached(size_t(T) * row);
+        const bool use_k = cfg.cacheblend.metric == Config::BlendMetric::k;
+        be.download(fresh.data(), use_k ? k1.data() : v1.data(), fresh.size() * sizeof(float));
+        be.download(cached.data(), use_k ? cache.k(1) : cache.v(1), cached.size() * sizeof(float));
+        std::vector<double> dev(T, 0.0);
+        for (int j = 0; j < T; ++j) {
+            double d = 0.0;
+            for (size_t e = 0; e < row; ++e) {
+                const double x = double(fresh[j * row + e]) - cached[j * row + e];
+                d += x * x;
+            }
+            dev[j] = d;
+        }
+        selected = select_top_k(dev, gpos, eligible, k_budget);
+        // Every context token's layer-1 K/V is replaced by the fresh one.
+        be.copy(cache.k(1), k1.data(), size_t(T) * row * sizeof(float));
+        be.copy(cache.v(1), v1.data(), size_t(T) * row * sizeof(float));
+        clock.mark("scoring");
+        std::vector<int32_t> s_slots, s_toks, s_pos;
+        gather(selected, s_slots, s_toks, s_pos);
+        Buffer hs = be.alloc_floats(std::max<size_t>(1, selected.size()) * c.n_embd);
+        for (size_t i = 0; i < selected.size(); ++i) {
+            be.copy(hs.data() + i * c.n_embd, h.data() + size_t(selected[i]) * c.n_embd,
+                    sizeof(float) * c.n_embd);
+        }
+        recompute_selected(model, cache, s_slots, s_toks, s_pos, nullptr, 1, hs.data());
+        clock.mark("recompute");
+    } else {
+        if (method == Config::Method::cacheblend) clock.mark("scoring");
+        std::vector<int32_t> s_slots, s_toks, s_pos;
+        gather(selected, s_slots, s_toks, s_pos);
+        recompute_selected(model, cache, s_slots, s_toks, s_pos, nullptr, 0);
+        clock.mark("recompute");
+    }
+    for (int j : selected) r.selected_positions.push_back(gpos[j]);
+
+    // Suffix prefill over the updated cache, then the answer (§3.6).
+    std::vector<int32_t> spos(Q);
+    std::iota(spos.begin(), spos.end(), T);
+    r.first_logits = model.forward(cache, req.suffix, spos);
+    clock.mark("suffix_prefill");
+    r.ttft_ms = sum_ms(r.phases);
+    const GenerateResult g = generate(model, cache, r.first_logits, T + Q, gen);
+    r.answer = g.tokens;
+    r.stopped = g.stopped;
+    clock.mark("decode");
+    return r;
+}
+
+}  // namespace infoflow

@@ -1,0 +1,142 @@
+#include "runtime/method/scoring.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/core/error.h"
+
+namespace infoflow {
+
+std::vector<int32_t> global_positions(const std::vector<ChunkKv>& chunks,
+                                      const std::vector<int>& order) {
+    std::vector<int32_t> pos;
+    int32_t at = 0;
+    for (int ci : order) {
+        for (int t = 0; t < chunks[ci].size(); ++t) pos.push_back(at++);
+    }
+    return pos;
+}
+
+LayoutPositions layout_positions(Config::Layout layout, const std::vector<ChunkKv>& chunks,
+                                 const std::vector<int>& order) {
+    LayoutPositions lp;
+    int32_t T = 0;
+    for (int ci : order) T += chunks[ci].size();
+    int32_t at = 0;
+    int32_t max_local_end = 0;
+    for (size_t k = 0; k < order.size(); ++k) {
+        const ChunkKv& ck = chunks[order[k]];
+        const int n = ck.size();
+        const bool is_prefix = order[k] == 0;  // chunk 0 sits at 0.. in every layout
+        for (int t = 0; t < n; ++t) {
+            int32_t p = at + t;
+            if (!is_prefix) {
+                switch (layout) {
+                    case Config::Layout::global: p = at + t; break;
+                    case Config::Layout::hl_tp:
+                    case Config::Layout::hl_hp: p = ck.local_pos[t]; break;
+                    case Config::Layout::tl_tp: p = T - n + t; break;
+                }
+            }
+            lp.key_pos.push_back(p);
+        }
+        if (n > 0) {
+            const int32_t local_end = is_prefix ? n : ck.local_pos.back() + 1;
+            max_local_end = std::max(max_local_end, local_end);
+        }
+        at += n;
+    }
+    lp.row_start = layout == Config::Layout::hl_hp ? max_local_end : T;
+    return lp;
+}
+
+namespace {
+
+class ScoreTap final : public LayerTap {
+public:
+    ScoreTap(Backend& be, const ModelConfig& c, const std::vector<int>& layers, int n_cols,
+             bool aggregate_sum)
+        : be_(be), c_(c), layers_(layers), n_cols_(n_cols), sum_(aggregate_sum),
+          total_(n_cols, 0.0) {
+        col_ = be_.alloc_floats(size_t(std::max(n_cols, 1)));
+    }
+    bool wants(int layer) const override {
+        return std::find(layers_.begin(), layers_.end(), layer) != layers_.end();
+    }
+    void on_attention(int layer, const float* q, const float* lse, int n, const int32_t* pos,
+                      const int32_t* group, const KvCache& cache) override {
+        std::vector<float> zero(n_cols_, 0.0f);
+        be_.upload(col_.data(), zero.data(), zero.size() * sizeof(float));
+        ScoreParams sp;
+        sp.q = q;
+        sp.k = cache.k(layer);
+        sp.lse = lse;
+        sp.q_pos = pos;
+        sp.k_pos = cache.pos_data();
+        sp.q_group = group;
+        sp.k_group = group ? cache.group_data() : nullptr;
+        sp.n_q = n;
+        sp.n_cols = n_cols_;
+        sp.n_head = c_.n_head;
+        sp.n_head_kv = c_.n_head_kv;
+        sp.head_dim = c_.head_dim;
+        sp.aggregate_sum = sum_;
+        sp.col = col_.data();
+        be_.attention_scores(sp);
+        std::vector<float> col(n_cols_);
+        be_.download(col.data(), col_.data(), col.size() * sizeof(float));
+        for (int j = 0; j < n_cols_; ++j) {
+            total_[j] += sum_ ? double(col[j]) : std::sqrt(double(col[j]));
+        }
+    }
+    std::vector<double> result() const {
+        std::vector<double> s = total_;
+        if (!sum_) {
+            for (double& x : s) x /= double(layers_.size());
+        }
+        return s;
+    }
+
+private:
+    Backend& be_;
+    const ModelConfig& c_;
+    std::vector<int> layers_;
+    int n_cols_;
+    bool sum_;
+    Buffer col_;
+    std::vector<double> total_;
+};
+
+}  // namespace
+
+std::vector<double> score_context(Model& model, const std::vector<ChunkKv>& chunks,
+                                  const std::vector<int>& order, const std::vector<int32_t>& rows,
+                                  const ScoreOptions& opt) {
+    const ModelConfig& c = model.config();
+    IF_CHECK(!opt.layers.empty(), "scoring needs at least one layer");
+    IF_CHECK(!rows.empty(), "scoring needs at least one row");
+    const int max_layer = *std::max_element(opt.layers.begin(), opt.layers.end());
+    IF_CHECK(max_layer < c.n_layer, "scoring layer " << max_layer << " >= n_layer " << c.n_layer);
+
+    const LayoutPositions lp = layout_positions(opt.layout, chunks, order);
+    const int T = int(lp.key_pos.size());
+    const int n = int(rows.size());
+    KvCache cache = model.make_cache(T + n);
+    assemble_cache(model, chunks, order, lp.key_pos, nullptr, cache, max_layer + 1);
+
+    std::vector<int32_t> pos(n);
+    for (int i = 0; i < n; ++i) pos[i] = lp.row_start + i;
+    const int first = cache.append(n, pos.data(), nullptr);
+    std::vector<int32_t> slots(n);
+    for (int i = 0; i < n; ++i) slots[i] = first + i;
+
+    ScoreTap tap(model.backend(), c, opt.layers, T, opt.aggregate_sum);
+    Buffer hidden = model.backend().alloc_floats(size_t(n) * c.n_embd);
+    model.embed(rows.data(), n, hidden.data());
+    for (int l = 0; l <= max_layer; ++l) {  // early exit after the deepest scoring layer
+        model.layer_forward(l, hidden.data(), n, pos.data(), nullptr, slots.data(), cache, &tap);
+    }
+    return tap.result();
+}
+
+}  // namespace infoflow

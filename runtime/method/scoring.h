@@ -1,0 +1,41 @@
+// The InfoFlow attention-norm criterion (DESIGN §3.3): scoring rows (question or suffix tokens)
+// run through layers 0..max(scoring layers) over the assembled, not-yet-recomputed context with
+// keys at the positions of a layout; at each scoring layer the rows' attention probabilities
+// over context columns are aggregated per column ("norm": sqrt of the sum over rows of the
+// squared head-mean, averaged over layers; "sum": summed over layers, heads and rows). The
+// probabilities are rebuilt block by block from the attention LSE, never materialized whole.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/config/config.h"
+#include "runtime/method/chunk_kv.h"
+
+namespace infoflow {
+
+// Positions of the context slots (chunks placed in `order`) under a layout, and the position of
+// the first scoring row.
+struct LayoutPositions {
+    std::vector<int32_t> key_pos;  // [T], in assembled order
+    int32_t row_start = 0;
+};
+LayoutPositions layout_positions(Config::Layout layout, const std::vector<ChunkKv>& chunks,
+                                 const std::vector<int>& order);
+
+// Global positions of the context slots: chunk order[i] starts at the sum of the sizes before it.
+std::vector<int32_t> global_positions(const std::vector<ChunkKv>& chunks,
+                                      const std::vector<int>& order);
+
+struct ScoreOptions {
+    Config::Layout layout = Config::Layout::global;
+    std::vector<int> layers;  // resolved scoring layers
+    bool aggregate_sum = false;
+};
+
+// Scores of the T context slots (assembled order) for the scoring `rows` (token ids).
+std::vector<double> score_context(Model& model, const std::vector<ChunkKv>& chunks,
+                                  const std::vector<int>& order, const std::vector<int32_t>& rows,
+                                  const ScoreOptions& opt);
+
+}  // namespace infoflow

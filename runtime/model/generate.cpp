@@ -1,0 +1,45 @@
+#include "runtime/model/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "runtime/core/error.h"
+
+namespace infoflow {
+
+std::vector<float> decode_step(Model& model, KvCache& cache, int32_t token, int32_t pos,
+                               int32_t group) {
+    std::vector<int32_t> tok{token}, p{pos}, g{group};
+    return model.forward(cache, tok, p, false, group >= 0 ? &g : nullptr);
+}
+
+GenerateResult generate(Model& model, KvCache& cache, const std::vector<float>& first_logits,
+                        int32_t next_pos, const GenerateOptions& opt) {
+    GenerateResult r;
+    if (opt.max_new_tokens <= 0) return r;
+    const int n_vocab = model.config().n_vocab;
+    IF_CHECK(int(first_logits.size()) == n_vocab, "generate: logits of size "
+                                                      << first_logits.size() << ", expected "
+                                                      << n_vocab);
+    Sampler sampler(opt.sampling);
+    std::vector<float> logits = first_logits;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int step = 0; step < opt.max_new_tokens; ++step) {
+        const int32_t tok = sampler.sample(logits.data(), n_vocab);
+        if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), tok) != opt.stop_ids.end()) {
+            r.stopped = true;
+            break;
+        }
+        r.tokens.push_back(tok);
+        if (step + 1 == opt.max_new_tokens) break;
+        IF_CHECK(next_pos < model.config().n_ctx_train,
+                 "decode position " << next_pos << " exceeds the model's " << model.config().n_ctx_train
+                                    << " positions");
+        logits = decode_step(model, cache, tok, next_pos++, opt.group);
+    }
+    r.decode_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+}
+
+}  // namespace infoflow

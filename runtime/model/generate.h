@@ -1,0 +1,35 @@
+// Answer generation after a prefill (DESIGN §3.6): sample from the last logits, then decode one
+// token at a time over the cache until a stop token or the token budget.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model/model.h"
+#include "runtime/model/sampling.h"
+
+namespace infoflow {
+
+struct GenerateOptions {
+    int max_new_tokens = 32;
+    std::vector<int32_t> stop_ids;
+    SamplingParams sampling;
+    int32_t group = -1;  // visibility group of decode rows (DESIGN §5.2); -1 = none
+};
+
+struct GenerateResult {
+    std::vector<int32_t> tokens;  // generated ids, without the stop token
+    bool stopped = false;         // ended on a stop token
+    double decode_ms = 0.0;       // time of the decode steps after the first token
+};
+
+// `first_logits` are the logits after the last prompt token, whose position is next_pos - 1.
+// The cache needs room for max_new_tokens more slots.
+GenerateResult generate(Model& model, KvCache& cache, const std::vector<float>& first_logits,
+                        int32_t next_pos, const GenerateOptions& opt);
+
+// One decode step: appends `token` at `pos` and returns the logits after it.
+std::vector<float> decode_step(Model& model, KvCache& cache, int32_t token, int32_t pos,
+                               int32_t group = -1);
+
+}  // namespace infoflow

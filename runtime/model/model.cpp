@@ -1,0 +1,164 @@
+#include "runtime/model/model.h"
+
+#include <cstring>
+
+#include "runtime/core/error.h"
+
+namespace infoflow {
+
+Model::Model(Backend& backend, const ModelWeights& weights) : backend_(backend), weights_(weights) {
+    weights_.validate();
+    host_weights_ = backend_.name() == "cpu";
+    inv_freq_host_ = rope_inv_freq(config());
+    inv_freq_ = backend_.alloc_floats(inv_freq_host_.size());
+    backend_.upload(inv_freq_.data(), inv_freq_host_.data(), inv_freq_host_.size() * sizeof(float));
+}
+
+const float* Model::w(const std::vector<float>& v) {
+    if (v.empty()) return nullptr;
+    if (host_weights_) return v.data();
+    IF_FAIL("device weight upload is not implemented for backend " << backend_.name());
+}
+
+void Model::ensure_scratch(int n) {
+    if (n <= s_.n) return;
+    const ModelConfig& c = config();
+    const size_t qd = size_t(c.n_head) * c.head_dim;
+    const size_t kd = size_t(c.n_head_kv) * c.head_dim;
+    s_.xn = backend_.alloc_floats(size_t(n) * c.n_embd);
+    s_.q = backend_.alloc_floats(size_t(n) * qd);
+    s_.k = backend_.alloc_floats(size_t(n) * kd);
+    s_.v = backend_.alloc_floats(size_t(n) * kd);
+    s_.attn = backend_.alloc_floats(size_t(n) * qd);
+    s_.lse = backend_.alloc_floats(size_t(n) * c.n_head);
+    s_.gate = backend_.alloc_floats(size_t(n) * c.n_ff);
+    s_.up = backend_.alloc_floats(size_t(n) * c.n_ff);
+    s_.n = n;
+}
+
+void Model::embed(const int32_t* ids, int n, float* hidden) {
+    const ModelConfig& c = config();
+    for (int i = 0; i < n; ++i) {
+        IF_CHECK(ids[i] >= 0 && ids[i] < c.n_vocab,
+                 "token id " << ids[i] << " outside the vocabulary [0, " << c.n_vocab << ")");
+    }
+    backend_.embed(w(weights_.tok_embd), ids, n, c.n_embd, hidden);
+}
+
+void Model::qkv(int l, const float* xn, int n, const int32_t* pos, float* q, float* k, float* v) {
+    const ModelConfig& c = config();
+    const LayerWeights& lw = weights_.layers[l];
+    const int qd = c.n_head * c.head_dim;
+    const int kd = c.n_head_kv * c.head_dim;
+    if (q) backend_.matmul(xn, w(lw.wq), w(lw.bq), n, c.n_embd, qd, q, false);
+    backend_.matmul(xn, w(lw.wk), w(lw.bk), n, c.n_embd, kd, k, false);
+    backend_.matmul(xn, w(lw.wv), w(lw.bv), n, c.n_embd, kd, v, false);
+    if (c.has_qk_norm) {
+        if (q) backend_.rms_norm(q, w(lw.q_norm), n * c.n_head, c.head_dim, c.rms_eps, q);
+        backend_.rms_norm(k, w(lw.k_norm), n * c.n_head_kv, c.head_dim, c.rms_eps, k);
+    }
+    if (q) backend_.rope(q, pos, n, c.n_head, c.head_dim, inv_freq_.data());
+    backend_.rope(k, pos, n, c.n_head_kv, c.head_dim, inv_freq_.data());
+}
+
+void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const int32_t* group,
+                          const int32_t* slots, KvCache& cache, LayerTap* tap) {
+    IF_CHECK(l >= 0 && l < config().n_layer, "layer " << l << " out of range");
+    if (n == 0) return;
+    const ModelConfig& c = config();
+    const LayerWeights& lw = weights_.layers[l];
+    ensure_scratch(n);
+    const int kd = c.n_head_kv * c.head_dim;
+
+    backend_.rms_norm(hidden, w(lw.attn_norm), n, c.n_embd, c.rms_eps, s_.xn.data());
+    qkv(l, s_.xn.data(), n, pos, s_.q.data(), s_.k.data(), s_.v.data());
+    // New K/V go into the cache before attention (DESIGN §3.5).
+    float* ck = cache.k(l);
+    float* cv = cache.v(l);
+    for (int i = 0; i < n; ++i) {
+        IF_CHECK(slots[i] >= 0 && slots[i] < cache.size(),
+                 "cache slot " << slots[i] << " outside [0, " << cache.size() << ")");
+        backend_.copy(ck + size_t(slots[i]) * kd, s_.k.data() + size_t(i) * kd, kd * sizeof(float));
+        backend_.copy(cv + size_t(slots[i]) * kd, s_.v.data() + size_t(i) * kd, kd * sizeof(float));
+    }
+
+    AttnParams ap;
+    ap.q = s_.q.data();
+    ap.k = ck;
+    ap.v = cv;
+    ap.q_pos = pos;
+    ap.k_pos = cache.pos_data();
+    const bool groups = group != nullptr || cache.has_groups();
+    std::vector<int32_t> zero_groups;
+    if (groups && group == nullptr) zero_groups.assign(n, 0);
+    ap.q_group = groups ? (group ? group : zero_groups.data()) : nullptr;
+    ap.k_group = groups ? cache.group_data() : nullptr;
+    ap.n_q = n;
+    ap.n_kv = cache.size();
+    ap.n_head = c.n_head;
+    ap.n_head_kv = c.n_head_kv;
+    ap.head_dim = c.head_dim;
+    ap.out = s_.attn.data();
+    const bool tapped = tap && tap->wants(l);
+    ap.lse = tapped ? s_.lse.data() : nullptr;
+    backend_.attention(ap);
+    if (tapped) tap->on_attention(l, s_.q.data(), s_.lse.data(), n, pos, ap.q_group, cache);
+    backend_.matmul(s_.attn.data(), w(lw.wo), nullptr, n, c.n_head * c.head_dim, c.n_embd, hidden,
+                    true);
+
+    backend_.rms_norm(hidden, w(lw.ffn_norm), n, c.n_embd, c.rms_eps, s_.xn.data());
+    backend_.matmul(s_.xn.data(), w(lw.w_gate), nullptr, n, c.n_embd, c.n_ff, s_.gate.data(), false);
+    backend_.matmul(s_.xn.data(), w(lw.w_up), nullptr, n, c.n_embd, c.n_ff, s_.up.data(), false);
+    backend_.swiglu(s_.gate.data(), s_.up.data(), size_t(n) * c.n_ff, s_.gate.data());
+    backend_.matmul(s_.gate.data(), w(lw.w_down), nullptr, n, c.n_ff, c.n_embd, hidden, true);
+}
+
+void Model::layer_kv(int l, const float* hidden, int n, const int32_t* pos, float* k_out,
+                     float* v_out) {
+    if (n == 0) return;
+    const ModelConfig& c = config();
+    ensure_scratch(n);
+    backend_.rms_norm(hidden, w(weights_.layers[l].attn_norm), n, c.n_embd, c.rms_eps,
+                      s_.xn.data());
+    qkv(l, s_.xn.data(), n, pos, nullptr, k_out, v_out);
+}
+
+void Model::logits(const float* hidden, int n, float* out) {
+    const ModelConfig& c = config();
+    ensure_scratch(n);
+    backend_.rms_norm(hidden, w(weights_.output_norm), n, c.n_embd, c.rms_eps, s_.xn.data());
+    backend_.matmul(s_.xn.data(), w(weights_.lm_head()), nullptr, n, c.n_embd, c.n_vocab, out,
+                    false);
+}
+
+void Model::rerotate_keys(float* k, int n, const int32_t* delta) {
+    const ModelConfig& c = config();
+    backend_.rope(k, delta, n, c.n_head_kv, c.head_dim, inv_freq_.data());
+}
+
+std::vector<float> Model::forward(KvCache& cache, const std::vector<int32_t>& tokens,
+                                  const std::vector<int32_t>& pos, bool all_logits,
+                                  const std::vector<int32_t>* group) {
+    const int n = int(tokens.size());
+    IF_CHECK(pos.size() == tokens.size(), "forward: " << tokens.size() << " tokens but " << pos.size()
+                                                    << " positions");
+    const ModelConfig& c = config();
+    const int first = cache.append(n, pos.data(), group ? group->data() : nullptr);
+    std::vector<int32_t> slots(n);
+    for (int i = 0; i < n; ++i) slots[i] = first + i;
+    Buffer hidden = backend_.alloc_floats(size_t(std::max(n, 1)) * c.n_embd);
+    embed(tokens.data(), n, hidden.data());
+    for (int l = 0; l < c.n_layer; ++l) {
+        layer_forward(l, hidden.data(), n, pos.data(), group ? group->data() : nullptr,
+                      slots.data(), cache);
+    }
+    const int n_out = all_logits ? n : 1;
+    const float* rows = hidden.data() + size_t(all_logits ? 0 : n - 1) * c.n_embd;
+    Buffer out = backend_.alloc_floats(size_t(n_out) * c.n_vocab);
+    logits(rows, n_out, out.data());
+    std::vector<float> host(size_t(n_out) * c.n_vocab);
+    backend_.download(host.data(), out.data(), host.size() * sizeof(float));
+    return host;
+}
+
+}  // namespace infoflow

@@ -1,0 +1,86 @@
+// The transformer forward pass on a Backend, exposed per layer so that the method code can run
+// chunk prefill, selective recompute (new K/V written into existing cache slots), scoring
+// passes with early exit, and decode steps with the same code (DESIGN §3).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "runtime/model/kv_cache.h"
+#include "runtime/model/weights.h"
+
+namespace infoflow {
+
+// Observes a layer during `layer_forward` (scoring, state taps): called after the rows'
+// attention, with their post-RoPE queries, the LSE of that attention and the cache they attended
+// over (their own new K/V included).
+class LayerTap {
+public:
+    virtual ~LayerTap() = default;
+    virtual bool wants(int layer) const = 0;
+    virtual void on_attention(int layer, const float* q /*[n, n_head, head_dim]*/,
+                              const float* lse /*[n, n_head]*/, int n, const int32_t* pos /*[n]*/,
+                              const int32_t* group /*[n] or nullptr*/, const KvCache& cache) = 0;
+};
+
+class Model {
+public:
+    // Keeps a reference to `weights` (the CPU backend reads them in place).
+    Model(Backend& backend, const ModelWeights& weights);
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
+
+    const ModelConfig& config() const { return weights_.config; }
+    const ModelWeights& weights() const { return weights_; }
+    Backend& backend() { return backend_; }
+    const std::vector<float>& inv_freq() const { return inv_freq_host_; }
+
+    KvCache make_cache(int capacity) { return KvCache(backend_, config(), capacity); }
+
+    // hidden[i, :] = embedding of ids[i]
+    void embed(const int32_t* ids /*[n]*/, int n, float* hidden /*[n, n_embd]*/);
+
+    // Runs layer `l` in place on `hidden`. The rows' K/V (RoPE at `pos`) are written into cache
+    // slots `slots` first, then the rows attend over cache slots [0, cache.size()) under the
+    // visibility rule (key_pos <= query_pos, plus groups when `group` is given).
+    void layer_forward(int l, float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,
+                       const int32_t* group /*[n] or nullptr*/, const int32_t* slots /*[n]*/,
+                       KvCache& cache, LayerTap* tap = nullptr);
+
+    // K and V of layer `l` for the rows (RoPE at `pos`), without attention or cache writes.
+    void layer_kv(int l, const float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,
+                  float* k_out /*[n, n_head_kv*head_dim]*/, float* v_out /*[n, n_head_kv*head_dim]*/);
+
+    // Final RMSNorm and LM head: out = logits of each row.
+    void logits(const float* hidden /*[n, n_embd]*/, int n, float* out /*[n, n_vocab]*/);
+
+    // Rotates keys by per-token deltas (global - local position), DESIGN §3.2.
+    void rerotate_keys(float* k /*[n, n_head_kv, head_dim]*/, int n, const int32_t* delta /*[n]*/);
+
+    // Convenience: appends `tokens` at `pos` (groups optional) to the cache, runs all layers, and
+    // returns the logits of the last row ([n_vocab]) or of every row ([n, n_vocab]).
+    std::vector<float> forward(KvCache& cache, const std::vector<int32_t>& tokens,
+                               const std::vector<int32_t>& pos, bool all_logits = false,
+                               const std::vector<int32_t>* group = nullptr);
+
+private:
+    struct Scratch {
+        int n = 0;
+        Buffer xn, q, k, v, attn, lse, gate, up;
+    };
+    void ensure_scratch(int n);
+    void qkv(int l, const float* xn, int n, const int32_t* pos, float* q, float* k, float* v);
+    const float* w(const std::vector<float>& v);  // weight pointer in backend memory
+
+    Backend& backend_;
+    const ModelWeights& weights_;
+    bool host_weights_ = true;
+    std::vector<Buffer> uploaded_;
+    std::vector<float> inv_freq_host_;
+    Buffer inv_freq_;
+    Buffer pos_buf_;
+    Scratch s_;
+};
+
+}  // namespace infoflow
