@@ -20,6 +20,19 @@ namespace {
 constexpr int kAttnQueryBlock = 64;   // query tokens per attention task
 constexpr int kAttnKeyBlock = 512;    // keys per online-softmax step
 
+// Sets the scores of keys invisible to a query (position qp, group qg) to -inf (AttnParams).
+inline void mask_row(float* s, const int32_t* k_pos, const int32_t* k_group, int n, int32_t qp,
+                     int32_t qg) {
+    if (k_group) {
+        for (int j = 0; j < n; ++j) {
+            const bool vis = k_pos[j] <= qp && (k_group[j] < 0 || k_group[j] == qg);
+            s[j] = vis ? s[j] : -INFINITY;
+        }
+    } else {
+        for (int j = 0; j < n; ++j) s[j] = k_pos[j] <= qp ? s[j] : -INFINITY;
+    }
+}
+
 class CpuBackend final : public Backend {
 public:
     explicit CpuBackend(int n_threads) { set_threads(n_threads); }
@@ -103,25 +116,18 @@ public:
     void rope(float* x, const int32_t* pos, int n, int n_head, int head_dim,
               const float* inv_freq) override {
         const int half = head_dim / 2;
-#pragma omp parallel num_threads(n_threads_) if (n > 8)
-        {
-            std::vector<float> cs(half), sn(half);
-#pragma omp for schedule(static)
-            for (int t = 0; t < n; ++t) {
-                const float p = float(pos[t]);
+        const std::vector<float>& tab = rope_table(pos, n, half, inv_freq);
+#pragma omp parallel for schedule(static) num_threads(n_threads_) if (n > 8)
+        for (int t = 0; t < n; ++t) {
+            const float* cs = tab.data() + size_t(t) * 2 * half;
+            const float* sn = cs + half;
+            for (int h = 0; h < n_head; ++h) {
+                float* v = x + (size_t(t) * n_head + h) * head_dim;
                 for (int i = 0; i < half; ++i) {
-                    const float theta = p * inv_freq[i];  // fp32, as HF computes it
-                    cs[i] = std::cos(theta);
-                    sn[i] = std::sin(theta);
-                }
-                for (int h = 0; h < n_head; ++h) {
-                    float* v = x + (size_t(t) * n_head + h) * head_dim;
-                    for (int i = 0; i < half; ++i) {
-                        const float a = v[i];
-                        const float b = v[i + half];
-                        v[i] = a * cs[i] - b * sn[i];
-                        v[i + half] = b * cs[i] + a * sn[i];
-                    }
+                    const float a = v[i];
+                    const float b = v[i + half];
+                    v[i] = a * cs[i] - b * sn[i];
+                    v[i + half] = b * cs[i] + a * sn[i];
                 }
             }
         }
@@ -131,10 +137,13 @@ public:
     void attention_scores(const ScoreParams& p) override;
 
     void swiglu(const float* gate, const float* up, size_t n, float* out) override {
+        const size_t block = 4096;
+        const size_t n_blocks = (n + block - 1) / block;
 #pragma omp parallel for schedule(static) num_threads(n_threads_) if (n > 65536)
-        for (size_t i = 0; i < n; ++i) {
-            const float g = gate[i];
-            out[i] = g / (1.0f + std::exp(-g)) * up[i];
+        for (size_t b = 0; b < n_blocks; ++b) {
+            const size_t i0 = b * block;
+            const size_t i1 = std::min(n, i0 + block);
+            cpu::swiglu_range(gate + i0, up + i0, i1 - i0, out + i0);
         }
     }
 
@@ -156,18 +165,49 @@ public:
                 lse_a[r] = b;
                 continue;
             }
-            // lse = max + log1p(exp(-|a-b|)): never overflows.
-            const float mx = std::max(a, b);
-            const float lse = mx + std::log1p(std::exp(-std::fabs(a - b)));
-            const float wa = std::exp(a - lse);
-            const float wb = std::exp(b - lse);
+            // lse = max + log1p(exp(-|a-b|)) never overflows; the weights come from the
+            // difference alone, so a large |lse| does not cost precision.
+            const float e = std::exp(-std::fabs(a - b));
+            const float lse = std::max(a, b) + std::log1p(e);
+            const float w_hi = 1.0f / (1.0f + e);
+            const float w_lo = e * w_hi;
+            const float wa = a >= b ? w_hi : w_lo;
+            const float wb = a >= b ? w_lo : w_hi;
             for (int d = 0; d < head_dim; ++d) oa[d] = wa * oa[d] + wb * ob[d];
             lse_a[r] = lse;
         }
     }
 
 private:
+    // cos/sin of pos[t] * inv_freq[i] (fp32 angle, as HF computes it), [n, 2, half]. The table
+    // of the previous call is reused when positions and frequencies are the same: a forward
+    // step rotates q and k of every layer at one set of positions.
+    const std::vector<float>& rope_table(const int32_t* pos, int n, int half,
+                                         const float* inv_freq) {
+        const bool same = rope_pos_.size() == size_t(n) && rope_inv_.size() == size_t(half) &&
+                          std::equal(pos, pos + n, rope_pos_.begin()) &&
+                          std::equal(inv_freq, inv_freq + half, rope_inv_.begin());
+        if (same) return rope_tab_;
+        rope_pos_.assign(pos, pos + n);
+        rope_inv_.assign(inv_freq, inv_freq + half);
+        rope_tab_.resize(size_t(n) * 2 * half);
+#pragma omp parallel for schedule(static) num_threads(n_threads_) if (n > 8)
+        for (int t = 0; t < n; ++t) {
+            float* cs = rope_tab_.data() + size_t(t) * 2 * half;
+            const float p = float(pos[t]);
+            for (int i = 0; i < half; ++i) {
+                const float theta = p * inv_freq[i];
+                cs[i] = std::cos(theta);
+                cs[half + i] = std::sin(theta);
+            }
+        }
+        return rope_tab_;
+    }
+
     int n_threads_ = 1;
+    std::vector<int32_t> rope_pos_;
+    std::vector<float> rope_inv_;
+    std::vector<float> rope_tab_;
 };
 
 // Blocked attention. A task is (kv head, block of query tokens); its rows are the
@@ -236,20 +276,19 @@ void CpuBackend::attention(const AttnParams& p) {
                 const float* vb = p.v + size_t(j0) * stride + size_t(hk) * D;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, D, 1.0f, qb.data(),
                             D, kb, stride, 0.0f, s.data(), nk);
+                // Rows that see every key of the block need no mask (most of a causal prefill).
+                int32_t kmax = INT32_MIN;
+                for (int j = 0; j < nk; ++j) kmax = std::max(kmax, p.k_pos[j0 + j]);
                 bool any = false;
                 for (int t = 0; t < nt; ++t) {
                     const int32_t qp = p.q_pos[t0 + t];
                     const int32_t qg = p.q_group ? p.q_group[t0 + t] : 0;
+                    const bool masked = p.k_group != nullptr || kmax > qp;
                     for (int gi = 0; gi < g; ++gi) {
                         const int r = t * g + gi;
                         float* sr = s.data() + size_t(r) * nk;
-                        for (int j = 0; j < nk; ++j) {
-                            const bool vis =
-                                p.k_pos[j0 + j] <= qp &&
-                                (p.k_group == nullptr || p.k_group[j0 + j] < 0 ||
-                                 p.k_group[j0 + j] == qg);
-                            if (!vis) sr[j] = -INFINITY;
-                        }
+                        if (masked) mask_row(sr, p.k_pos + j0, p.k_group ? p.k_group + j0 : nullptr,
+                                             nk, qp, qg);
                         const float mx = cpu::max_of(sr, nk);
                         if (mx == -INFINITY) {
                             std::fill(sr, sr + nk, 0.0f);
@@ -348,12 +387,8 @@ void CpuBackend::attention_scores(const ScoreParams& p) {
                             const float lse = p.lse[size_t(t0 + t) * H + hk * g + gi];
                             if (lse == -INFINITY) continue;
                             float* sr = s.data() + size_t(t * g + gi) * nk;
-                            for (int j = 0; j < nk; ++j) {
-                                const bool vis = p.k_pos[j0 + j] <= qp &&
-                                                 (p.k_group == nullptr || p.k_group[j0 + j] < 0 ||
-                                                  p.k_group[j0 + j] == qg);
-                                if (!vis) sr[j] = -INFINITY;
-                            }
+                            mask_row(sr, p.k_pos + j0, p.k_group ? p.k_group + j0 : nullptr, nk,
+                                     qp, qg);
                             cpu::exp_shift_sum(sr, nk, lse);
                             for (int j = 0; j < nk; ++j) at[j] += sr[j];
                         }

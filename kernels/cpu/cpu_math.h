@@ -79,4 +79,23 @@ inline float max_of(const float* x, size_t n) {
     return m;
 }
 
+// out[i] = silu(gate[i]) * up[i]; out may alias gate or up.
+inline void swiglu_range(const float* gate, const float* up, size_t n, float* out) {
+    size_t i = 0;
+#if INFOFLOW_CPU_AVX2
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp256(_mm256_xor_ps(g, sign));  // exp(-g)
+        const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < n; ++i) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+}
+
 }  // namespace infoflow::cpu

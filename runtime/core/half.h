@@ -46,10 +46,11 @@ inline uint16_t fp32_to_fp16(float f) {
         if (abs < 0x33000000u) return uint16_t(sign);
         const uint32_t e = abs >> 23;
         const uint32_t m = (abs & 0x7FFFFFu) | 0x800000u;
-        const uint32_t shift = 126 - e;  // 14 - (e - 127) + 13 - 1
-        uint32_t r = m >> (shift + 1);
-        const uint32_t rem = m & ((1u << (shift + 1)) - 1);
-        const uint32_t half = 1u << shift;
+        // value = m * 2^(e-150); in fp16 subnormal units of 2^-24 that is m >> (126 - e).
+        const uint32_t shift = 126 - e;
+        uint32_t r = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1);
+        const uint32_t half = 1u << (shift - 1);
         if (rem > half || (rem == half && (r & 1u))) ++r;
         return uint16_t(sign | r);
     }

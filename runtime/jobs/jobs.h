@@ -15,6 +15,11 @@ struct Session;
 nlohmann::json run_job(const Config& cfg);
 
 nlohmann::json run_answer(const Config& cfg, Session& s);
+// job = "niah": needle-in-a-haystack sweep over niah.lengths x niah.depths x method variants,
+// each compared with `full`; also writes the rows as CSV (output.csv, or next to output.path).
+nlohmann::json run_niah(const Config& cfg, Session& s);
+// job = "eval": LongBench-style QA F1 of method.name and `full` over eval.data_file; CSV as niah.
+nlohmann::json run_eval(const Config& cfg, Session& s);
 
 // The JSON form of one method run (DESIGN §9, job "answer").
 nlohmann::json method_result_json(const MethodResult& r, const Session& s, const Config& cfg,

@@ -15,6 +15,12 @@ nlohmann::json run_job(const Config& cfg) {
         case Config::Job::answer:
             result = run_answer(cfg, *s);
             break;
+        case Config::Job::niah:
+            result = run_niah(cfg, *s);
+            break;
+        case Config::Job::eval:
+            result = run_eval(cfg, *s);
+            break;
         default:
             IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not available in this build");
     }

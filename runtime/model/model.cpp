@@ -61,17 +61,37 @@ void Model::qkv(int l, const float* xn, int n, const int32_t* pos, float* q, flo
     backend_.rope(k, pos, n, c.n_head_kv, c.head_dim, inv_freq_.data());
 }
 
-void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const int32_t* group,
-                          const int32_t* slots, KvCache& cache, LayerTap* tap) {
+void Model::layer_qkv(int l, const float* hidden, int n, const int32_t* pos, float* q_out,
+                      float* k_out, float* v_out) {
     IF_CHECK(l >= 0 && l < config().n_layer, "layer " << l << " out of range");
+    if (n == 0) return;
+    const ModelConfig& c = config();
+    ensure_scratch(n);
+    backend_.rms_norm(hidden, w(weights_.layers[l].attn_norm), n, c.n_embd, c.rms_eps,
+                      s_.xn.data());
+    qkv(l, s_.xn.data(), n, pos, q_out, k_out, v_out);
+}
+
+void Model::layer_post(int l, float* hidden, const float* attn, int n) {
     if (n == 0) return;
     const ModelConfig& c = config();
     const LayerWeights& lw = weights_.layers[l];
     ensure_scratch(n);
-    const int kd = c.n_head_kv * c.head_dim;
+    backend_.matmul(attn, w(lw.wo), nullptr, n, c.n_head * c.head_dim, c.n_embd, hidden, true);
+    backend_.rms_norm(hidden, w(lw.ffn_norm), n, c.n_embd, c.rms_eps, s_.xn.data());
+    backend_.matmul(s_.xn.data(), w(lw.w_gate), nullptr, n, c.n_embd, c.n_ff, s_.gate.data(), false);
+    backend_.matmul(s_.xn.data(), w(lw.w_up), nullptr, n, c.n_embd, c.n_ff, s_.up.data(), false);
+    backend_.swiglu(s_.gate.data(), s_.up.data(), size_t(n) * c.n_ff, s_.gate.data());
+    backend_.matmul(s_.gate.data(), w(lw.w_down), nullptr, n, c.n_ff, c.n_embd, hidden, true);
+}
 
-    backend_.rms_norm(hidden, w(lw.attn_norm), n, c.n_embd, c.rms_eps, s_.xn.data());
-    qkv(l, s_.xn.data(), n, pos, s_.q.data(), s_.k.data(), s_.v.data());
+void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const int32_t* group,
+                          const int32_t* slots, KvCache& cache, LayerTap* tap) {
+    if (n == 0) return;
+    const ModelConfig& c = config();
+    ensure_scratch(n);
+    const int kd = c.n_head_kv * c.head_dim;
+    layer_qkv(l, hidden, n, pos, s_.q.data(), s_.k.data(), s_.v.data());
     // New K/V go into the cache before attention (DESIGN §3.5).
     float* ck = cache.k(l);
     float* cv = cache.v(l);
@@ -103,24 +123,12 @@ void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const
     ap.lse = tapped ? s_.lse.data() : nullptr;
     backend_.attention(ap);
     if (tapped) tap->on_attention(l, s_.q.data(), s_.lse.data(), n, pos, ap.q_group, cache);
-    backend_.matmul(s_.attn.data(), w(lw.wo), nullptr, n, c.n_head * c.head_dim, c.n_embd, hidden,
-                    true);
-
-    backend_.rms_norm(hidden, w(lw.ffn_norm), n, c.n_embd, c.rms_eps, s_.xn.data());
-    backend_.matmul(s_.xn.data(), w(lw.w_gate), nullptr, n, c.n_embd, c.n_ff, s_.gate.data(), false);
-    backend_.matmul(s_.xn.data(), w(lw.w_up), nullptr, n, c.n_embd, c.n_ff, s_.up.data(), false);
-    backend_.swiglu(s_.gate.data(), s_.up.data(), size_t(n) * c.n_ff, s_.gate.data());
-    backend_.matmul(s_.gate.data(), w(lw.w_down), nullptr, n, c.n_ff, c.n_embd, hidden, true);
+    layer_post(l, hidden, s_.attn.data(), n);
 }
 
 void Model::layer_kv(int l, const float* hidden, int n, const int32_t* pos, float* k_out,
                      float* v_out) {
-    if (n == 0) return;
-    const ModelConfig& c = config();
-    ensure_scratch(n);
-    backend_.rms_norm(hidden, w(weights_.layers[l].attn_norm), n, c.n_embd, c.rms_eps,
-                      s_.xn.data());
-    qkv(l, s_.xn.data(), n, pos, nullptr, k_out, v_out);
+    layer_qkv(l, hidden, n, pos, nullptr, k_out, v_out);
 }
 
 void Model::logits(const float* hidden, int n, float* out) {

@@ -52,6 +52,15 @@ public:
     void layer_kv(int l, const float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,
                   float* k_out /*[n, n_head_kv*head_dim]*/, float* v_out /*[n, n_head_kv*head_dim]*/);
 
+    // The two halves of `layer_forward`, for callers that compute attention themselves
+    // (distributed attention, DESIGN §5): layer_qkv = RMSNorm, projections (+ q/k norm), RoPE at
+    // `pos`; layer_post = hidden += attn Wo^T, then hidden += MLP(RMSNorm(hidden)).
+    void layer_qkv(int l, const float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,
+                   float* q_out /*[n, n_head*head_dim]*/, float* k_out /*[n, n_head_kv*head_dim]*/,
+                   float* v_out /*[n, n_head_kv*head_dim]*/);
+    void layer_post(int l, float* hidden /*[n, n_embd]*/, const float* attn /*[n, n_head*head_dim]*/,
+                    int n);
+
     // Final RMSNorm and LM head: out = logits of each row.
     void logits(const float* hidden /*[n, n_embd]*/, int n, float* out /*[n, n_vocab]*/);
 

@@ -1,0 +1,72 @@
+// MpiComm: the Communicator over an MPI communicator (host buffers only: Debian's Open MPI is not
+// CUDA-aware, FORMATS §9.4), and IF_MPI_CHECK, which turns a failed MPI call into an
+// infoflow::Error with file:line, the call and MPI's error string. This header includes mpi.h:
+// only comm/*.cpp may include it (STYLE §2); everything else uses comm/communicator.h.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace infoflow {
+
+namespace detail {
+// MPI_Error_string of `code` ("MPI error N" when MPI cannot describe it).
+std::string mpi_error_string(int code);
+[[noreturn]] void throw_mpi_error(const char* file, int line, const char* call, int code);
+}  // namespace detail
+
+// Checks the return code of an MPI call. Communicators used here have MPI_ERRORS_RETURN, so
+// errors come back as codes instead of aborting inside the library.
+#define IF_MPI_CHECK(call)                                                         \
+    do {                                                                           \
+        const int if_mpi_rc_ = (call);                                             \
+        if (if_mpi_rc_ != MPI_SUCCESS) {                                           \
+            ::infoflow::detail::throw_mpi_error(__FILE__, __LINE__, #call, if_mpi_rc_); \
+        }                                                                          \
+    } while (0)
+
+class MpiComm final : public Communicator {
+public:
+    // Collective over `base`: duplicates it (so this communicator's traffic cannot match other
+    // libraries' messages), sets MPI_ERRORS_RETURN on the duplicate, and finds the node-local
+    // rank with MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). MPI must be initialized.
+    explicit MpiComm(MPI_Comm base = MPI_COMM_WORLD);
+    // Frees the duplicate (unless MPI is already finalized).
+    ~MpiComm() override;
+
+    const char* kind() const override { return "mpi"; }
+    MemorySpace memory_space() const override { return MemorySpace::host; }
+    // "[rank r/P] error: msg" to stderr, then MPI_Abort on this communicator.
+    [[noreturn]] void abort(int code, const std::string& msg) override;
+
+    MPI_Comm handle() const { return comm_; }
+
+protected:
+    void do_barrier(Stream stream) override;
+    void do_broadcast(void* buf, size_t bytes, int root, Stream stream) override;
+    void do_all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) override;
+    void do_all_gather(const void* send, size_t bytes_per_rank, void* recv,
+                       Stream stream) override;
+    void do_all_gather_v(const void* send, size_t send_bytes, void* recv,
+                         const std::vector<size_t>& recv_bytes, Stream stream) override;
+    void do_all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                         const std::vector<size_t>& recv_bytes, Stream stream) override;
+    std::unique_ptr<RequestImpl> do_isend(const void* buf, size_t bytes, int dest, int tag,
+                                          Stream stream) override;
+    std::unique_ptr<RequestImpl> do_irecv(void* buf, size_t bytes, int src, int tag,
+                                          Stream stream) override;
+    void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv,
+                     size_t recv_bytes, int src, int tag, Stream stream) override;
+
+private:
+    struct Setup;
+    static Setup setup(MPI_Comm base);
+    explicit MpiComm(const Setup& s);
+    int tag_ub_ = 32767;  // largest tag MPI allows (MPI_TAG_UB, at least 32767)
+    MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+}  // namespace infoflow

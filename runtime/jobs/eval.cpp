@@ -1,0 +1,262 @@
+// job = "eval": LongBench-style QA over a JSONL file (DESIGN §9). Each sample's `context` is
+// split into passages (the request's documents), its `input` is the question, the instruction is
+// LongBench's (request.template = longbench, the paper's); `full` runs first as the reference,
+// then method.name. Answers are scored with LongBench's QA F1 (best over `answers`); rows also
+// carry first-token agreement and KL against `full`. A sample longer than the model's positions
+// loses passages from the middle (LongBench truncates in the middle), and the row says how many.
+// Not here: LongBench's non-QA metrics (ROUGE, classification, code) — eval.task is recorded.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "runtime/core/error.h"
+#include "runtime/core/fs.h"
+#include "runtime/jobs/job_report.h"
+#include "runtime/jobs/jobs.h"
+#include "runtime/jobs/qa_metrics.h"
+#include "runtime/jobs/session.h"
+
+namespace infoflow {
+namespace {
+
+using json = nlohmann::json;
+
+std::string one_line(std::string s) {
+    for (char& c : s) {
+        if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    }
+    return s;
+}
+
+std::string fmt(const char* f, double x) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), f, x);
+    return buf;
+}
+
+struct LabelStats {
+    int runs = 0, top1 = 0, exact = 0;
+    double f1 = 0.0, kl = 0.0, selected = 0.0, ttft = 0.0;
+};
+
+// Drops passages from the middle until the counted tokens fit `budget`; returns how many went.
+int truncate_middle(std::vector<std::string>& passages, std::vector<int>& counts, int budget) {
+    int total = 0;
+    for (int c : counts) total += c;
+    int dropped = 0;
+    while (total > budget && !passages.empty()) {
+        const size_t mid = passages.size() / 2;
+        total -= counts[mid];
+        passages.erase(passages.begin() + long(mid));
+        counts.erase(counts.begin() + long(mid));
+        ++dropped;
+    }
+    return dropped;
+}
+
+}  // namespace
+
+std::vector<EvalSample> read_eval_samples(const std::string& path, int max_samples) {
+    IF_CHECK(!path.empty(), "eval.data_file is not set");
+    const std::string text = read_file(path);
+    std::vector<EvalSample> out;
+    size_t pos = 0;
+    int line_no = 0;
+    while (pos < text.size() && (max_samples <= 0 || int(out.size()) < max_samples)) {
+        size_t end = text.find('\n', pos);
+        if (end == std::string::npos) end = text.size();
+        const std::string line = text.substr(pos, end - pos);
+        pos = end + 1;
+        ++line_no;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        const std::string where = path + ":" + std::to_string(line_no);
+        json j;
+        try {
+            j = json::parse(line);
+        } catch (const json::exception& e) {
+            IF_FAIL(where << ": not a JSON object: " << e.what());
+        }
+        IF_CHECK(j.is_object(), where << ": expected a JSON object");
+        IF_CHECK(j.contains("context") && j["context"].is_string(),
+                 where << ": missing string field \"context\"");
+        IF_CHECK(j.contains("input") && j["input"].is_string(),
+                 where << ": missing string field \"input\"");
+        IF_CHECK(j.contains("answers") && j["answers"].is_array(),
+                 where << ": missing list field \"answers\"");
+        EvalSample s;
+        s.line = line_no;
+        s.context = j["context"].get<std::string>();
+        s.input = j["input"].get<std::string>();
+        for (const auto& a : j["answers"]) {
+            IF_CHECK(a.is_string(), where << ": \"answers\" must hold strings");
+            s.answers.push_back(a.get<std::string>());
+        }
+        if (j.contains("_id") && !j["_id"].is_null()) {
+            s.id = j["_id"].is_string() ? j["_id"].get<std::string>() : j["_id"].dump();
+        }
+        if (j.contains("length") && j["length"].is_number()) s.length = j["length"].get<long>();
+        out.push_back(std::move(s));
+    }
+    return out;
+}
+
+nlohmann::json run_eval(const Config& cfg_in, Session& s) {
+    const auto t_start = std::chrono::steady_clock::now();
+    Config cfg = cfg_in;
+    cfg.request.prompt_template = Config::Template::longbench;
+    const Tokenizer& tok = s.tok();
+    const ChatTemplate& chat = s.chat_template();
+    const std::vector<EvalSample> samples =
+        read_eval_samples(cfg.eval.data_file, cfg.eval.max_samples);
+    IF_CHECK(!samples.empty(), "eval.data_file '" << cfg.eval.data_file << "' has no samples");
+    const std::vector<MethodVariant> variants = eval_variants(cfg);
+    const InstructionText ins = instruction_text(cfg.request.prompt_template);
+    const int n_ctx = s.model->config().n_ctx_train;
+
+    std::printf("eval       : %s, %zu samples, task '%s', metric qa_f1\n",
+                cfg.eval.data_file.c_str(), samples.size(), cfg.eval.task.c_str());
+    std::printf("model      : %s (%s, %d threads), ratio %.3f\n", s.weights->source.c_str(),
+                s.backend->name().c_str(), cfg.model.threads, cfg.method.ratio);
+    std::printf("variants   :");
+    for (const auto& v : variants) std::printf(" %s", v.label.c_str());
+    std::printf("  (reference: full)\n");
+    std::fflush(stdout);
+
+    json rows = json::array();
+    std::map<std::string, LabelStats> stats;
+    const int n_runs = int(samples.size() * variants.size());
+    int done = 0;
+    for (size_t si = 0; si < samples.size(); ++si) {
+        const EvalSample& sample = samples[si];
+        RequestText text{cfg.request.system, split_passages(sample.context), sample.input};
+        const int n_passages = int(text.documents.size());
+        // Positions left for the documents once chunk 0, the suffix and the answer are placed.
+        const PreparedRequest skeleton =
+            prepare_request(tok, chat, RequestText{text.system, {}, text.question}, cfg);
+        const int budget = n_ctx - int(skeleton.chunks[0].size()) -
+                           int(skeleton.suffix.size()) - cfg.decode.max_new_tokens;
+        std::vector<int> counts;
+        for (const auto& d : text.documents) {
+            counts.push_back(int(chat.text(d + ins.doc_separator).size()));
+        }
+        const int dropped = truncate_middle(text.documents, counts, budget);
+        IF_CHECK(!text.documents.empty(), cfg.eval.data_file << ":" << sample.line
+                                                             << ": no passage fits the model's "
+                                                             << n_ctx << " positions");
+        const PreparedRequest req = prepare_request(tok, chat, text, cfg);
+        const int T = req.context_tokens();
+
+        MethodResult ref;
+        for (size_t vi = 0; vi < variants.size(); ++vi) {
+            const MethodVariant& v = variants[vi];
+            MethodResult r = run_method(*s.model, req, variant_config(cfg, v), tok.stop_ids());
+            if (vi == 0) ref = r;  // variants[0] is full
+            const FirstTokenComparison cmp = compare_first_token(ref.first_logits, r.first_logits);
+            const std::string answer = tok.decode(r.answer);
+            const double f1 = qa_f1_max(answer, sample.answers);
+            const bool exact = r.answer == ref.answer;
+            const double sel = T ? double(r.selected_positions.size()) / T : 0.0;
+
+            json row;
+            row["index"] = si;
+            row["id"] = sample.id;
+            row["length"] = sample.length >= 0 ? json(sample.length) : json(nullptr);
+            row["context_tokens"] = T;
+            row["suffix_tokens"] = r.suffix_tokens;
+            row["n_passages"] = n_passages;
+            row["passages_dropped"] = dropped;
+            row["method"] = v.label;
+            row["reference"] = vi == 0;
+            row["answer"] = answer;
+            row["answer_ids"] = r.answer;
+            row["answers"] = sample.answers;
+            row["f1"] = f1;
+            row["top1_id"] = cmp.top1;
+            row["top1_agree"] = cmp.top1_agree;
+            row["kl"] = cmp.kl;
+            row["exact_match"] = exact;
+            row["selected"] = r.selected_positions.size();
+            row["selected_fraction"] = sel;
+            row["ttft_ms"] = r.ttft_ms;
+            row["phases"] = phases_json(r.phases);
+            rows.push_back(row);
+
+            LabelStats& st = stats[v.label];
+            ++st.runs;
+            st.f1 += f1;
+            st.top1 += cmp.top1_agree;
+            st.exact += exact;
+            st.kl += cmp.kl;
+            st.selected += sel;
+            st.ttft += r.ttft_ms;
+
+            ++done;
+            std::printf("[eval %*d/%d] sample %zu (T %d%s) %-24s F1 %.3f  top1 %s  KL %.4f  "
+                        "TTFT %8.1f ms  answer \"%s\"\n",
+                        int(std::to_string(n_runs).size()), done, n_runs, si, T,
+                        dropped ? (", " + std::to_string(dropped) + " passages dropped").c_str()
+                                : "",
+                        v.label.c_str(), f1, cmp.top1_agree ? "=" : "x", cmp.kl, r.ttft_ms,
+                        one_line(answer).c_str());
+            std::fflush(stdout);
+        }
+    }
+
+    json summary = json::array();
+    std::vector<std::vector<std::string>> table;
+    for (const auto& v : variants) {
+        const LabelStats& st = stats[v.label];
+        const double n = std::max(1, st.runs);
+        summary.push_back({{"method", v.label},
+                           {"reference", v.method == Config::Method::full},
+                           {"samples", st.runs},
+                           {"mean_f1", st.f1 / n},
+                           {"score", 100.0 * st.f1 / n},
+                           {"top1_agreement", st.top1 / n},
+                           {"mean_kl", st.kl / n},
+                           {"exact_match", st.exact / n},
+                           {"mean_selected_fraction", st.selected / n},
+                           {"mean_ttft_ms", st.ttft / n}});
+        table.push_back({v.label + (v.method == Config::Method::full ? " (ref)" : ""),
+                         std::to_string(st.runs), fmt("%.2f", 100.0 * st.f1 / n),
+                         fmt("%.3f", st.top1 / n), fmt("%.4f", st.kl / n),
+                         fmt("%.3f", st.exact / n), fmt("%.3f", st.selected / n),
+                         fmt("%.1f", st.ttft / n)});
+    }
+    const double wall_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    std::printf("\n");
+    print_table({"method", "samples", "F1 x100", "top1 agree", "mean KL", "exact match",
+                 "selected", "TTFT ms"},
+                table);
+    std::printf("wall time  : %.1f s\n", wall_s);
+
+    json out;
+    out["job"] = "eval";
+    out["task"] = cfg.eval.task;
+    out["metric"] = "qa_f1";
+    out["data_file"] = cfg.eval.data_file;
+    out["model"] = s.weights->source;
+    out["backend"] = s.backend->name();
+    out["ranks"] = 1;
+    out["reference"] = "full";
+    out["wall_s"] = wall_s;
+    out["rows"] = rows;
+    out["summary"] = summary;
+    out["config"] = cfg.to_json();
+
+    const std::string csv = csv_path(cfg);
+    if (!csv.empty()) {
+        write_file_atomic(csv, rows_to_csv(rows, {"index", "id", "context_tokens",
+                                                  "passages_dropped", "method", "reference",
+                                                  "f1", "top1_agree", "kl", "exact_match",
+                                                  "selected_fraction", "ttft_ms", "answer",
+                                                  "answers", "phases"}));
+        std::printf("csv        : %s\n", csv.c_str());
+    }
+    std::fflush(stdout);
+    return out;
+}
+
+}  // namespace infoflow

@@ -1,0 +1,165 @@
+#include "runtime/jobs/job_report.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace infoflow {
+
+std::string variant_label(Config::Method m, Config::Layout layout, bool reorder) {
+    if (m != Config::Method::infoflow) return to_string(m);
+    return std::string(reorder ? "infoflow+reorder/" : "infoflow/") + to_string(layout);
+}
+
+std::vector<MethodVariant> niah_variants(const Config& cfg) {
+    using M = Config::Method;
+    std::vector<MethodVariant> out;
+    auto add = [&](M m, Config::Layout layout, bool reorder) {
+        const std::string label = variant_label(m, layout, reorder);
+        for (const auto& v : out) {
+            if (v.label == label) return;
+        }
+        out.push_back({label, m, layout, reorder});
+    };
+    add(M::full, Config::Layout::global, false);
+    for (M m : cfg.niah.methods) {
+        if (m != M::infoflow) {
+            // Carries the config's layout (unused by these methods); labelled by name alone.
+            add(m, cfg.scoring.layout, false);
+            continue;
+        }
+        for (Config::Layout l : cfg.niah.layouts) add(m, l, false);
+        if (cfg.niah.layouts.empty()) add(m, cfg.scoring.layout, false);
+        if (cfg.method.reorder) add(m, Config::Layout::global, true);
+    }
+    return out;
+}
+
+std::vector<MethodVariant> eval_variants(const Config& cfg) {
+    std::vector<MethodVariant> out;
+    out.push_back({"full", Config::Method::full, Config::Layout::global, false});
+    if (cfg.method.name != Config::Method::full) {
+        const bool reorder = cfg.method.name == Config::Method::infoflow && cfg.method.reorder;
+        out.push_back({variant_label(cfg.method.name, cfg.scoring.layout, reorder),
+                       cfg.method.name, cfg.scoring.layout, reorder});
+    }
+    return out;
+}
+
+Config variant_config(const Config& cfg, const MethodVariant& v) {
+    Config c = cfg;
+    c.method.name = v.method;
+    c.scoring.layout = v.layout;
+    c.method.reorder = v.reorder;
+    return c;
+}
+
+nlohmann::json phases_json(const std::vector<PhaseTime>& phases) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const PhaseTime& p : phases) j[p.name] = p.ms;
+    return j;
+}
+
+namespace {
+
+std::string csv_field(const std::string& s) {
+    if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char c : s) {
+        if (c == '"') q += '"';
+        q += c;
+    }
+    return q + "\"";
+}
+
+std::string csv_value(const nlohmann::json& v) {
+    if (v.is_null()) return "";
+    if (v.is_string()) return v.get<std::string>();
+    return v.dump();
+}
+
+}  // namespace
+
+std::string rows_to_csv(const nlohmann::json& rows, const std::vector<std::string>& columns) {
+    // (column, sub-key) pairs; sub-key empty for plain columns.
+    std::vector<std::pair<std::string, std::string>> cols;
+    for (const std::string& c : columns) {
+        std::vector<std::string> keys;
+        bool object = false;
+        for (const auto& r : rows) {
+            if (!r.contains(c) || !r[c].is_object()) continue;
+            object = true;
+            for (const auto& kv : r[c].items()) {
+                if (std::find(keys.begin(), keys.end(), kv.key()) == keys.end()) {
+                    keys.push_back(kv.key());
+                }
+            }
+        }
+        if (!object) {
+            cols.emplace_back(c, "");
+        } else {
+            for (const auto& k : keys) cols.emplace_back(c, k);
+        }
+    }
+    std::string out;
+    for (size_t i = 0; i < cols.size(); ++i) {
+        out += (i ? "," : "") +
+               csv_field(cols[i].second.empty() ? cols[i].first
+                                                : cols[i].first + "." + cols[i].second);
+    }
+    out += "\n";
+    for (const auto& r : rows) {
+        for (size_t i = 0; i < cols.size(); ++i) {
+            const auto& [c, k] = cols[i];
+            std::string v;
+            if (r.contains(c)) {
+                if (k.empty()) {
+                    v = csv_value(r[c]);
+                } else if (r[c].is_object() && r[c].contains(k)) {
+                    v = csv_value(r[c][k]);
+                }
+            }
+            out += (i ? "," : "") + csv_field(v);
+        }
+        out += "\n";
+    }
+    return out;
+}
+
+std::string csv_path(const Config& cfg) {
+    if (!cfg.output.csv.empty()) return cfg.output.csv;
+    const std::string& p = cfg.output.path;
+    if (p.empty()) return "";
+    const size_t slash = p.find_last_of('/');
+    const size_t dot = p.find_last_of('.');
+    if (dot != std::string::npos && (slash == std::string::npos || dot > slash + 1)) {
+        return p.substr(0, dot) + ".csv";
+    }
+    return p + ".csv";
+}
+
+void print_table(const std::vector<std::string>& header,
+                 const std::vector<std::vector<std::string>>& rows) {
+    std::vector<size_t> w(header.size());
+    for (size_t i = 0; i < header.size(); ++i) w[i] = header[i].size();
+    for (const auto& r : rows) {
+        for (size_t i = 0; i < r.size() && i < w.size(); ++i) w[i] = std::max(w[i], r[i].size());
+    }
+    auto line = [&](const std::vector<std::string>& cells) {
+        std::string s;
+        for (size_t i = 0; i < w.size(); ++i) {
+            const std::string c = i < cells.size() ? cells[i] : "";
+            // First column left-aligned (labels), the others right-aligned (numbers).
+            const std::string pad(w[i] - c.size(), ' ');
+            s += (i ? "  " : "") + (i == 0 ? c + pad : pad + c);
+        }
+        std::printf("%s\n", s.c_str());
+    };
+    line(header);
+    size_t total = 0;
+    for (size_t x : w) total += x;
+    std::printf("%s\n", std::string(total + 2 * (w.empty() ? 0 : w.size() - 1), '-').c_str());
+    for (const auto& r : rows) line(r);
+    std::fflush(stdout);
+}
+
+}  // namespace infoflow

@@ -1,0 +1,66 @@
+// Shared parts of the comparison jobs (`niah`, `eval`): which method variants run and how they
+// are labelled, the eval data file, the CSV twin of the JSON result and the summary table.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/config/config.h"
+#include "runtime/method/pipeline.h"
+
+namespace infoflow {
+
+// One method run of a comparison: a method with its scoring layout and reorder flag.
+struct MethodVariant {
+    std::string label;  // "full", "none", "cacheblend", "epic", "infoflow/global",
+                        // "infoflow+reorder/global"
+    Config::Method method = Config::Method::full;
+    Config::Layout layout = Config::Layout::global;
+    bool reorder = false;
+};
+
+std::string variant_label(Config::Method m, Config::Layout layout, bool reorder);
+
+// The variants of job `niah`, `full` (the reference) first and once: every method of
+// niah.methods; for `infoflow` one variant per layout of niah.layouts, plus
+// `infoflow+reorder/global` when method.reorder is true.
+std::vector<MethodVariant> niah_variants(const Config& cfg);
+// The variants of job `eval`: `full` (the reference), then method.name with scoring.layout and
+// method.reorder, unless it is `full`.
+std::vector<MethodVariant> eval_variants(const Config& cfg);
+
+// `cfg` with method.name, scoring.layout and method.reorder of the variant.
+Config variant_config(const Config& cfg, const MethodVariant& v);
+
+// The phases of a run as {"name": ms, ...}.
+nlohmann::json phases_json(const std::vector<PhaseTime>& phases);
+
+// Rows as CSV: a header, then one line per row. `columns` come first in the given order; object
+// values (e.g. "phases") become one column per key, "<key>.<name>", over the union of the rows'
+// keys; arrays are written as JSON text. Fields are quoted when they need it (RFC 4180).
+std::string rows_to_csv(const nlohmann::json& rows, const std::vector<std::string>& columns);
+
+// Where the CSV goes: output.csv when set, else output.path with its extension replaced by
+// ".csv" (appended when it has none); "" when neither is set.
+std::string csv_path(const Config& cfg);
+
+// One sample of an eval JSONL file: `context`, `input`, `answers` (list of strings), optional
+// `_id` and `length`.
+struct EvalSample {
+    int line = 0;  // 1-based line in the file
+    std::string id;
+    std::string context;
+    std::string input;
+    std::vector<std::string> answers;
+    long length = -1;  // the dataset's own length field; -1 when absent
+};
+// Samples of a JSONL file (blank lines skipped), at most `max_samples` (0 = all). Errors name
+// FILE:LINE.
+std::vector<EvalSample> read_eval_samples(const std::string& path, int max_samples);
+
+// Prints a fixed-width table: a header line, a rule, then the rows.
+void print_table(const std::vector<std::string>& header,
+                 const std::vector<std::vector<std::string>>& rows);
+
+}  // namespace infoflow

@@ -1,0 +1,71 @@
+// Model loading (DESIGN §7, FORMATS §2, §4, §5): a GGUF file, a Hugging Face directory
+// (config.json + model.safetensors or shards), or a synthetic "random:<shape>[:seed]" model,
+// always to fp32 weights in PyTorch layout with Q/K rows in HF half-split order. Also the
+// reverse direction (save a model as GGUF or as an HF directory) for tests and tools.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/formats/gguf.h"
+#include "runtime/formats/gguf_writer.h"
+#include "runtime/model/weights.h"
+
+namespace infoflow {
+
+struct LoadOptions {
+    // Undo the llama GGUF Q/K row permutation (FORMATS §4.2). Tests turn it off as a negative
+    // control; nothing else should.
+    bool unpermute_qk = true;
+};
+
+// The config alone (cheap: reads metadata, config.json and tensor headers, no weight data).
+ModelConfig load_model_config(const std::string& path);
+// `path`: a .gguf file, an HF directory (or a .safetensors file inside one), or
+// "random:<shape>[:seed]". Throws infoflow::Error naming the file and key or tensor at fault,
+// and refuses models whose fp32 weights exceed the available memory.
+ModelWeights load_model_weights(const std::string& path, const LoadOptions& opt = {});
+
+// Parts of the above, exposed for tests and tools.
+ModelConfig model_config_from_gguf(const GgufFile& f);
+ModelConfig model_config_from_hf(const std::string& dir);  // config.json + safetensors headers
+// config.json text alone (tensor-dependent fields: has_qkv_bias/has_qk_norm false, n_vocab
+// from vocab_size, tied from tie_word_embeddings or true when absent). `source` names the file.
+ModelConfig parse_hf_config_json(const std::string& text, const std::string& source);
+
+// Synthetic models. Shapes: "tiny" (llama: 2 layers, n_embd 64, 4 heads, 2 kv heads,
+// head_dim 16, n_ff 128, vocab 512, 1024 positions, tied), "tiny-qwen2" (tiny + q/k/v biases),
+// "tiny-qwen3" (tiny + q/k norm, head_dim 32 != n_embd/n_head), "smollm2-135m",
+// "llama-3.1-8b", "qwen3-14b" (FORMATS §5, §8.1). Default seed 1234.
+std::vector<std::string> random_model_shapes();
+ModelConfig random_model_config(const std::string& shape);
+// Seeded, deterministic: matrices and biases ~ approximately normal (Irwin-Hall of 4 uniforms)
+// times 0.02, norms 1. Refuses (error) when the fp32 weights would not fit in memory.
+ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed);
+
+// llama GGUF Q/K row order, in place. rows: [n_head*head_dim, row_len] (row_len 1 for biases).
+// hf_to_gguf is the converter's permutation (§4.1); gguf_to_hf its exact inverse (§4.2).
+void permute_qk_rows_hf_to_gguf(float* rows, int n_head, int head_dim, int64_t row_len);
+void unpermute_qk_rows_gguf_to_hf(float* rows, int n_head, int head_dim, int64_t row_len);
+
+// Stable 64-bit hash (16 hex digits) of the config's numeric fields and every weight byte; the
+// same fp32 weights and config give the same fingerprint whatever file they came from.
+std::string model_fingerprint(const ModelWeights& w);
+
+size_t model_weight_bytes(const ModelConfig& c);  // fp32 bytes of all weights
+size_t available_memory_bytes();                  // MemAvailable, capped by the cgroup limit if any
+
+// GGUF writer holding the model as llama.cpp would (arch keys, Q/K permuted for llama, 2-D
+// matrices in `type`, 1-D tensors F32, llama3 scaling as rope_freqs.weight); callers may add
+// metadata (e.g. a tokenizer) before write().
+GgufWriter model_gguf_writer(const ModelWeights& w, uint32_t type);
+void save_model_gguf(const ModelWeights& w, const std::string& path,
+                     uint32_t type = uint32_t(GgmlType::F32));
+// HF directory: config.json + model.safetensors (n_shards 1) or n_shards shards + index.json.
+// dtype: "F32", "F16" or "BF16". Creates `dir` if missing.
+void save_model_hf(const ModelWeights& w, const std::string& dir, const std::string& dtype = "F32",
+                   int n_shards = 1);
+
+}  // namespace infoflow
