@@ -50,29 +50,40 @@ bool valid_phase_name(const std::string& s) {
 
 size_t dtype_size(DType t) {
     switch (t) {
-        case DType::f32: return 4;
-        case DType::f64: return 8;
-        case DType::i32: return 4;
-        case DType::i64: return 8;
+        case DType::f32:
+            return 4;
+        case DType::f64:
+            return 8;
+        case DType::i32:
+            return 4;
+        case DType::i64:
+            return 8;
     }
     IF_FAIL("unknown DType " << static_cast<int>(t));
 }
 
 const char* dtype_name(DType t) {
     switch (t) {
-        case DType::f32: return "f32";
-        case DType::f64: return "f64";
-        case DType::i32: return "i32";
-        case DType::i64: return "i64";
+        case DType::f32:
+            return "f32";
+        case DType::f64:
+            return "f64";
+        case DType::i32:
+            return "i32";
+        case DType::i64:
+            return "i64";
     }
     return "?";
 }
 
 const char* reduce_op_name(ReduceOp op) {
     switch (op) {
-        case ReduceOp::sum: return "sum";
-        case ReduceOp::max: return "max";
-        case ReduceOp::min: return "min";
+        case ReduceOp::sum:
+            return "sum";
+        case ReduceOp::max:
+            return "max";
+        case ReduceOp::min:
+            return "min";
     }
     return "?";
 }
@@ -100,8 +111,9 @@ Request& Request::operator=(Request&& o) noexcept {
 void Request::release() noexcept {
     if (!impl_) return;
     if (std::uncaught_exceptions() == 0) {
-        std::fprintf(stderr, "warning: infoflow::Request destroyed before completion; "
-                             "abandoning it (every isend/irecv must be waited)\n");
+        std::fprintf(stderr,
+                     "warning: infoflow::Request destroyed before completion; "
+                     "abandoning it (every isend/irecv must be waited)\n");
     }
     impl_->abandon();
     impl_.reset();
@@ -205,12 +217,11 @@ void Communicator::broadcast(void* buf, size_t bytes, int root, Stream stream) {
     count(rank_ == root ? b * p1 : 0, rank_ == root ? 0 : b, ms_since(t0));
 }
 
-void Communicator::all_reduce(void* buf, size_t count_, DType dtype, ReduceOp op,
-                              Stream stream) {
+void Communicator::all_reduce(void* buf, size_t count_, DType dtype, ReduceOp op, Stream stream) {
     check_stream(stream);
     const size_t e = dtype_size(dtype);
-    IF_CHECK(buf != nullptr || count_ == 0, "all_reduce: null buffer for " << count_ << " "
-                                                << dtype_name(dtype) << " elements");
+    IF_CHECK(buf != nullptr || count_ == 0,
+             "all_reduce: null buffer for " << count_ << " " << dtype_name(dtype) << " elements");
     const auto t0 = Clock::now();
     do_all_reduce(buf, count_, dtype, op, stream);
     const uint64_t n = count_, p = static_cast<uint64_t>(size_), r = static_cast<uint64_t>(rank_);
@@ -221,8 +232,7 @@ void Communicator::all_reduce(void* buf, size_t count_, DType dtype, ReduceOp op
     count(bytes, bytes, ms_since(t0));
 }
 
-void Communicator::all_gather(const void* send, size_t bytes_per_rank, void* recv,
-                              Stream stream) {
+void Communicator::all_gather(const void* send, size_t bytes_per_rank, void* recv, Stream stream) {
     check_stream(stream);
     IF_CHECK((send != nullptr && recv != nullptr) || bytes_per_rank == 0,
              "all_gather: null buffer for " << bytes_per_rank << " bytes per rank");
@@ -239,9 +249,8 @@ void Communicator::all_gather_v(const void* send, size_t send_bytes, void* recv,
              "all_gather_v: recv_bytes has " << recv_bytes.size() << " entries for " << size_
                                              << " ranks");
     IF_CHECK(recv_bytes[rank_] == send_bytes,
-             "all_gather_v: rank " << rank_ << " sends " << send_bytes
-                                   << " bytes but recv_bytes[" << rank_
-                                   << "] = " << recv_bytes[rank_]);
+             "all_gather_v: rank " << rank_ << " sends " << send_bytes << " bytes but recv_bytes["
+                                   << rank_ << "] = " << recv_bytes[rank_]);
     IF_CHECK(send != nullptr || send_bytes == 0, "all_gather_v: null send buffer");
     IF_CHECK(recv != nullptr || sum_except(recv_bytes, -1) == 0, "all_gather_v: null recv buffer");
     const auto t0 = Clock::now();
@@ -250,15 +259,14 @@ void Communicator::all_gather_v(const void* send, size_t send_bytes, void* recv,
           ms_since(t0));
 }
 
-void Communicator::all_to_all_v(const void* send, const std::vector<size_t>& send_bytes,
-                                void* recv, const std::vector<size_t>& recv_bytes,
-                                Stream stream) {
+void Communicator::all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                                const std::vector<size_t>& recv_bytes, Stream stream) {
     check_stream(stream);
     const size_t p = static_cast<size_t>(size_);
     IF_CHECK(send_bytes.size() == p && recv_bytes.size() == p,
-             "all_to_all_v: send_bytes/recv_bytes have " << send_bytes.size() << "/"
-                                                         << recv_bytes.size()
-                                                         << " entries for " << p << " ranks");
+             "all_to_all_v: send_bytes/recv_bytes have "
+                 << send_bytes.size() << "/" << recv_bytes.size() << " entries for " << p
+                 << " ranks");
     IF_CHECK(send_bytes[rank_] == recv_bytes[rank_],
              "all_to_all_v: rank " << rank_ << " sends itself " << send_bytes[rank_]
                                    << " bytes but expects " << recv_bytes[rank_]);
@@ -499,8 +507,9 @@ int env_int(const char* name, int fallback) {
 void check_kind(const std::string& kind) {
     IF_CHECK(kind == "auto" || kind == "mpi" || kind == "self" || kind == "nccl",
              "unknown communicator kind '" << kind << "' (expected auto, mpi, self or nccl)");
-    IF_CHECK(kind != "nccl", "communicator 'nccl' is not built in this binary (the NCCL "
-                             "communicator is not implemented yet; use parallel.comm = \"mpi\")");
+    IF_CHECK(kind != "nccl",
+             "communicator 'nccl' is not built in this binary (the NCCL "
+             "communicator is not implemented yet; use parallel.comm = \"mpi\")");
     IF_CHECK(kind != "mpi" || k_have_mpi,
              "communicator 'mpi' is not built in this binary (reconfigure with MPI installed and "
              "INFOFLOW_ENABLE_MPI=ON)");

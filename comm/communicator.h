@@ -83,7 +83,7 @@ class Communicator;
 
 // Implementation side of a Request (one per library); callers use Request only.
 class RequestImpl {
-public:
+  public:
     virtual ~RequestImpl() = default;
     // Blocks until the operation has completed; throws infoflow::Error on failure.
     virtual void wait() = 0;
@@ -100,7 +100,7 @@ public:
 // buffer must stay valid until the job ends) and prints a warning unless an exception is
 // unwinding: normal code waits for every request.
 class Request {
-public:
+  public:
     Request() = default;
     Request(std::unique_ptr<RequestImpl> impl, Communicator* owner, std::string phase);
     ~Request();
@@ -116,7 +116,7 @@ public:
     bool test();
     bool done() const { return impl_ == nullptr; }
 
-private:
+  private:
     void release() noexcept;
     std::unique_ptr<RequestImpl> impl_;
     Communicator* owner_ = nullptr;
@@ -127,7 +127,7 @@ private:
 void wait_all(std::vector<Request>& requests);
 
 class Communicator {
-public:
+  public:
     virtual ~Communicator() = default;
     Communicator(const Communicator&) = delete;
     Communicator& operator=(const Communicator&) = delete;
@@ -197,7 +197,7 @@ public:
     // Used by Request to charge its wait time.
     void add_wait(const std::string& phase, double ms);
 
-protected:
+  protected:
     Communicator(int rank, int size, int local_rank, int local_size);
 
     // Implementations move data only; the public methods validate arguments, time the call
@@ -213,14 +213,14 @@ protected:
     virtual void do_all_to_all_v(const void* send, const std::vector<size_t>& send_bytes,
                                  void* recv, const std::vector<size_t>& recv_bytes,
                                  Stream stream) = 0;
-    virtual std::unique_ptr<RequestImpl> do_isend(const void* buf, size_t bytes, int dest,
-                                                  int tag, Stream stream) = 0;
+    virtual std::unique_ptr<RequestImpl> do_isend(const void* buf, size_t bytes, int dest, int tag,
+                                                  Stream stream) = 0;
     virtual std::unique_ptr<RequestImpl> do_irecv(void* buf, size_t bytes, int src, int tag,
                                                   Stream stream) = 0;
     virtual void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv,
                              size_t recv_bytes, int src, int tag, Stream stream) = 0;
 
-private:
+  private:
     void check_stream(Stream stream) const;
     void check_peer(int peer, const char* what) const;
     void count(uint64_t sent, uint64_t recv, double ms);
@@ -236,13 +236,13 @@ private:
 
 // Counts calls under `phase` for its lifetime, then restores the previous phase.
 class PhaseScope {
-public:
+  public:
     PhaseScope(Communicator& comm, const std::string& phase);
     ~PhaseScope();
     PhaseScope(const PhaseScope&) = delete;
     PhaseScope& operator=(const PhaseScope&) = delete;
 
-private:
+  private:
     Communicator& comm_;
     std::string previous_;
 };
@@ -272,7 +272,7 @@ int launcher_world_size();
 
 // Keeps the communication library initialized while it lives (MPI: an MpiEnv). Move-only.
 class CommEnv {
-public:
+  public:
     CommEnv() = default;
     virtual ~CommEnv() = default;
     CommEnv(const CommEnv&) = delete;

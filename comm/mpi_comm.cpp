@@ -57,19 +57,26 @@ void counts_displs(const std::vector<size_t>& bytes, const char* what, std::vect
 
 MPI_Datatype mpi_type(DType t) {
     switch (t) {
-        case DType::f32: return MPI_FLOAT;
-        case DType::f64: return MPI_DOUBLE;
-        case DType::i32: return MPI_INT32_T;
-        case DType::i64: return MPI_INT64_T;
+        case DType::f32:
+            return MPI_FLOAT;
+        case DType::f64:
+            return MPI_DOUBLE;
+        case DType::i32:
+            return MPI_INT32_T;
+        case DType::i64:
+            return MPI_INT64_T;
     }
     IF_FAIL("unknown DType " << static_cast<int>(t));
 }
 
 MPI_Op mpi_op(ReduceOp op) {
     switch (op) {
-        case ReduceOp::sum: return MPI_SUM;
-        case ReduceOp::max: return MPI_MAX;
-        case ReduceOp::min: return MPI_MIN;
+        case ReduceOp::sum:
+            return MPI_SUM;
+        case ReduceOp::max:
+            return MPI_MAX;
+        case ReduceOp::min:
+            return MPI_MIN;
     }
     IF_FAIL("unknown ReduceOp " << static_cast<int>(op));
 }
@@ -82,7 +89,7 @@ bool mpi_finalized() {
 
 // One isend/irecv. A receive checks on completion that the message had the posted size.
 class MpiRequest : public RequestImpl {
-public:
+  public:
     MpiRequest(MPI_Request req, bool is_recv, size_t bytes, int peer, int tag)
         : req_(req), is_recv_(is_recv), bytes_(bytes), peer_(peer), tag_(tag) {}
 
@@ -106,7 +113,7 @@ public:
         }
     }
 
-private:
+  private:
     void check(int rc, const MPI_Status& st) const {
         if (rc != MPI_SUCCESS) {
             IF_FAIL((is_recv_ ? "irecv from" : "isend to")
@@ -187,8 +194,8 @@ void MpiComm::do_all_gather(const void* send, size_t bytes_per_rank, void* recv,
     const int n = to_int(bytes_per_rank, "all_gather block");
     to_int(bytes_per_rank * size(), "all_gather result");
     const bool in_place = send == static_cast<const char*>(recv) + bytes_per_rank * rank();
-    IF_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE,
-                               comm_));
+    IF_MPI_CHECK(
+        MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_));
 }
 
 void MpiComm::do_all_gather_v(const void* send, size_t send_bytes, void* recv,
@@ -201,13 +208,13 @@ void MpiComm::do_all_gather_v(const void* send, size_t send_bytes, void* recv,
     (void)send_bytes;  // == recv_bytes[rank()], checked by Communicator::all_gather_v
 }
 
-void MpiComm::do_all_to_all_v(const void* send, const std::vector<size_t>& send_bytes,
-                              void* recv, const std::vector<size_t>& recv_bytes, Stream) {
+void MpiComm::do_all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
+                              const std::vector<size_t>& recv_bytes, Stream) {
     std::vector<int> scounts, sdispls, rcounts, rdispls;
     counts_displs(send_bytes, "all_to_all_v send", scounts, sdispls);
     counts_displs(recv_bytes, "all_to_all_v recv", rcounts, rdispls);
-    IF_MPI_CHECK(MPI_Alltoallv(send, scounts.data(), sdispls.data(), MPI_BYTE, recv,
-                               rcounts.data(), rdispls.data(), MPI_BYTE, comm_));
+    IF_MPI_CHECK(MPI_Alltoallv(send, scounts.data(), sdispls.data(), MPI_BYTE, recv, rcounts.data(),
+                               rdispls.data(), MPI_BYTE, comm_));
 }
 
 std::unique_ptr<RequestImpl> MpiComm::do_isend(const void* buf, size_t bytes, int dest, int tag,
@@ -218,8 +225,7 @@ std::unique_ptr<RequestImpl> MpiComm::do_isend(const void* buf, size_t bytes, in
     return std::make_unique<MpiRequest>(req, false, bytes, dest, tag);
 }
 
-std::unique_ptr<RequestImpl> MpiComm::do_irecv(void* buf, size_t bytes, int src, int tag,
-                                               Stream) {
+std::unique_ptr<RequestImpl> MpiComm::do_irecv(void* buf, size_t bytes, int src, int tag, Stream) {
     IF_CHECK(tag <= tag_ub_, "irecv: tag " << tag << " above MPI_TAG_UB " << tag_ub_);
     MPI_Request req = MPI_REQUEST_NULL;
     IF_MPI_CHECK(MPI_Irecv(buf, to_int(bytes, "irecv"), MPI_BYTE, src, tag, comm_, &req));
@@ -230,9 +236,9 @@ void MpiComm::do_sendrecv(const void* send, size_t send_bytes, int dest, void* r
                           size_t recv_bytes, int src, int tag, Stream) {
     IF_CHECK(tag <= tag_ub_, "sendrecv: tag " << tag << " above MPI_TAG_UB " << tag_ub_);
     MPI_Status st;
-    const int rc = MPI_Sendrecv(send, to_int(send_bytes, "sendrecv send"), MPI_BYTE, dest, tag,
-                                recv, to_int(recv_bytes, "sendrecv recv"), MPI_BYTE, src, tag,
-                                comm_, &st);
+    const int rc =
+        MPI_Sendrecv(send, to_int(send_bytes, "sendrecv send"), MPI_BYTE, dest, tag, recv,
+                     to_int(recv_bytes, "sendrecv recv"), MPI_BYTE, src, tag, comm_, &st);
     if (rc != MPI_SUCCESS) {
         IF_FAIL("sendrecv (to rank " << dest << ", " << send_bytes << " bytes; from rank " << src
                                      << ", " << recv_bytes << " bytes; tag " << tag

@@ -20,16 +20,16 @@ std::string mpi_error_string(int code);
 
 // Checks the return code of an MPI call. Communicators used here have MPI_ERRORS_RETURN, so
 // errors come back as codes instead of aborting inside the library.
-#define IF_MPI_CHECK(call)                                                         \
-    do {                                                                           \
-        const int if_mpi_rc_ = (call);                                             \
-        if (if_mpi_rc_ != MPI_SUCCESS) {                                           \
+#define IF_MPI_CHECK(call)                                                              \
+    do {                                                                                \
+        const int if_mpi_rc_ = (call);                                                  \
+        if (if_mpi_rc_ != MPI_SUCCESS) {                                                \
             ::infoflow::detail::throw_mpi_error(__FILE__, __LINE__, #call, if_mpi_rc_); \
-        }                                                                          \
+        }                                                                               \
     } while (0)
 
 class MpiComm final : public Communicator {
-public:
+  public:
     // Collective over `base`: duplicates it (so this communicator's traffic cannot match other
     // libraries' messages), sets MPI_ERRORS_RETURN on the duplicate, and finds the node-local
     // rank with MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). MPI must be initialized.
@@ -44,12 +44,11 @@ public:
 
     MPI_Comm handle() const { return comm_; }
 
-protected:
+  protected:
     void do_barrier(Stream stream) override;
     void do_broadcast(void* buf, size_t bytes, int root, Stream stream) override;
     void do_all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) override;
-    void do_all_gather(const void* send, size_t bytes_per_rank, void* recv,
-                       Stream stream) override;
+    void do_all_gather(const void* send, size_t bytes_per_rank, void* recv, Stream stream) override;
     void do_all_gather_v(const void* send, size_t send_bytes, void* recv,
                          const std::vector<size_t>& recv_bytes, Stream stream) override;
     void do_all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
@@ -58,10 +57,10 @@ protected:
                                           Stream stream) override;
     std::unique_ptr<RequestImpl> do_irecv(void* buf, size_t bytes, int src, int tag,
                                           Stream stream) override;
-    void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv,
-                     size_t recv_bytes, int src, int tag, Stream stream) override;
+    void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
+                     int src, int tag, Stream stream) override;
 
-private:
+  private:
     struct Setup;
     static Setup setup(MPI_Comm base);
     explicit MpiComm(const Setup& s);

@@ -13,7 +13,7 @@ namespace infoflow {
 // One per process, held for the life of main (directly or through init_comm()). Not copyable or
 // movable (own it by unique_ptr to pass it around).
 class MpiEnv : public CommEnv {
-public:
+  public:
     // MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED) unless MPI is already initialized (then
     // this object owns nothing). Throws infoflow::Error when MPI was already finalized or
     // provides less than FUNNELED (OpenMP threads compute; only the main thread communicates).
@@ -39,7 +39,7 @@ public:
     // MPI_Abort(MPI_COMM_WORLD, code); falls back to _Exit(code) if that returns.
     [[noreturn]] static void abort_world(int code);
 
-private:
+  private:
     bool owns_init_ = false;
     int thread_level_ = 0;
     int uncaught_at_init_ = 0;

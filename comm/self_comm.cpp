@@ -24,20 +24,19 @@ struct SelfMessage {
 class SelfComm;
 
 class SelfRequest : public RequestImpl {
-public:
+  public:
     SelfRequest(SelfComm* comm, std::shared_ptr<bool> done, bool is_send, int tag)
         : comm_(comm), done_(std::move(done)), is_send_(is_send), tag_(tag) {}
     void wait() override {
         IF_CHECK(*done_, "self communicator: " << (is_send_ ? "send to" : "receive from")
-                                               << " rank 0 with tag " << tag_
-                                               << " has no matching "
+                                               << " rank 0 with tag " << tag_ << " has no matching "
                                                << (is_send_ ? "receive" : "send")
                                                << " posted; waiting would deadlock");
     }
     bool test() override { return *done_; }
     void abandon() noexcept override;
 
-private:
+  private:
     SelfComm* comm_;
     std::shared_ptr<bool> done_;
     bool is_send_;
@@ -45,7 +44,7 @@ private:
 };
 
 class SelfComm final : public Communicator {
-public:
+  public:
     SelfComm() : Communicator(0, 1, 0, 1) {}
     const char* kind() const override { return "self"; }
     MemorySpace memory_space() const override { return MemorySpace::host; }
@@ -63,7 +62,7 @@ public:
         }
     }
 
-protected:
+  protected:
     void do_barrier(Stream) override {}
     void do_broadcast(void*, size_t, int, Stream) override {}
     void do_all_reduce(void*, size_t, DType, ReduceOp, Stream) override {}
@@ -88,8 +87,7 @@ protected:
         }
         return std::make_unique<SelfRequest>(this, done, true, tag);
     }
-    std::unique_ptr<RequestImpl> do_irecv(void* buf, size_t bytes, int, int tag,
-                                          Stream) override {
+    std::unique_ptr<RequestImpl> do_irecv(void* buf, size_t bytes, int, int tag, Stream) override {
         auto done = std::make_shared<bool>(false);
         SelfMessage me{nullptr, buf, bytes, tag, done};
         if (!match(sends_, tag, [&](SelfMessage& s) { deliver(s.send, s.bytes, me); })) {
@@ -97,15 +95,15 @@ protected:
         }
         return std::make_unique<SelfRequest>(this, done, false, tag);
     }
-    void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv,
-                     size_t recv_bytes, int src, int tag, Stream stream) override {
+    void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
+                     int src, int tag, Stream stream) override {
         std::unique_ptr<RequestImpl> r = do_irecv(recv, recv_bytes, src, tag, stream);
         std::unique_ptr<RequestImpl> s = do_isend(send, send_bytes, dest, tag, stream);
         s->wait();
         r->wait();
     }
 
-private:
+  private:
     static void copy(void* dst, const void* src, size_t bytes) {
         if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
     }

@@ -2,7 +2,6 @@
 // MPI): collectives are copies, every byte count is zero while calls and wait time are counted,
 // messages to self match in posting order by tag, and waiting on an unmatched one is an error.
 #include <catch2/catch.hpp>
-
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -130,7 +129,8 @@ TEST_CASE("self: phases, gather_stats and the config check", "[comm]") {
 TEST_CASE("factory: kinds and errors", "[comm]") {
     CHECK(std::string(make_communicator("self")->kind()) == "self");
     CHECK_THROWS_WITH(make_communicator("nccl"), Catch::Contains("not built"));
-    CHECK_THROWS_WITH(make_communicator("gloo"), Catch::Contains("unknown communicator kind 'gloo'"));
+    CHECK_THROWS_WITH(make_communicator("gloo"),
+                      Catch::Contains("unknown communicator kind 'gloo'"));
     CHECK_THROWS_WITH(init_comm(nullptr, nullptr, "nccl"), Catch::Contains("not built"));
     if (!comm_have_mpi()) {
         CHECK_THROWS_WITH(make_communicator("mpi"), Catch::Contains("not built"));

@@ -2,8 +2,9 @@
 // runs the same test cases in the same order, and the ranks' results are combined with MAX so
 // that all ranks exit alike. Run under mpiexec with 1-4 ranks, or alone as a 1-rank singleton.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <mpi.h>
+
+#include <catch2/catch.hpp>
 
 #include "comm/mpi_env.h"
 
