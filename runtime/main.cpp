@@ -3,12 +3,13 @@
 #include <cstdio>
 #include <exception>
 
+#include "comm/communicator.h"
 #include "runtime/config/cli.h"
 #include "runtime/jobs/jobs.h"
 
 int main(int argc, char** argv) {
     using namespace infoflow;
-    const int rank = 0, n_ranks = 1;
+    std::unique_ptr<CommEnv> env;
     try {
         const CliArgs args = parse_cli(argc, argv);
         if (args.help) {
@@ -24,10 +25,17 @@ int main(int argc, char** argv) {
             std::printf("%s\n", cfg.to_json().dump(2).c_str());
             return 0;
         }
-        run_job(cfg);
+        // MPI starts when a launcher started us (or parallel.comm asks for it); every rank
+        // checks that it runs the same configuration before any work.
+        env = init_comm(&argc, &argv, to_string(cfg.parallel.comm));
+        std::unique_ptr<Communicator> comm = make_communicator(to_string(cfg.parallel.comm));
+        check_same_config(*comm, cfg.hash());
+        run_job(cfg, *comm);
+        comm->barrier();
         return 0;
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "[rank %d/%d] error: %s\n", rank, n_ranks, e.what());
-        return 1;
+        // Prints "[rank r/P] error: ..." and ends every rank (MPI_Abort), so none is left
+        // waiting in a collective.
+        abort_job(e.what());
     }
 }

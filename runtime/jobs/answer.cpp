@@ -6,6 +6,7 @@
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/session.h"
 #include "runtime/model/sampling.h"
+#include "runtime/parallel/run.h"
 
 namespace infoflow {
 
@@ -36,11 +37,27 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
     j["chunk_order"] = r.chunk_order;
     j["ttft_ms"] = r.ttft_ms;
     json phases = json::array();
-    for (const PhaseTime& p : r.phases) {
-        phases.push_back({{"name", p.name},
-                          {"ms", json::array({p.ms})},
-                          {"bytes_sent", json::array({0})},
-                          {"bytes_recv", json::array({0})}});
+    for (size_t i = 0; i < r.phases.size(); ++i) {
+        json ms = json::array(), sent = json::array(), recv = json::array(),
+             wait = json::array();
+        if (i < r.phases_per_rank.size()) {
+            for (const PhaseTime& p : r.phases_per_rank[i]) {
+                ms.push_back(p.ms);
+                sent.push_back(p.bytes_sent);
+                recv.push_back(p.bytes_recv);
+                wait.push_back(p.wait_ms);
+            }
+        } else {
+            ms.push_back(r.phases[i].ms);
+            sent.push_back(r.phases[i].bytes_sent);
+            recv.push_back(r.phases[i].bytes_recv);
+            wait.push_back(r.phases[i].wait_ms);
+        }
+        phases.push_back({{"name", r.phases[i].name},
+                          {"ms", ms},
+                          {"bytes_sent", sent},
+                          {"bytes_recv", recv},
+                          {"wait_ms", wait}});
     }
     j["phases"] = phases;
     j["config"] = cfg.to_json();
@@ -50,11 +67,13 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
 nlohmann::json run_answer(const Config& cfg, Session& s) {
     const RequestText text = load_request_text(cfg.request);
     const PreparedRequest req = prepare_request(s.tok(), s.chat_template(), text, cfg);
-    const MethodResult r = run_method(*s.model, req, cfg, s.tok().stop_ids());
+    const MethodResult r = run_request(*s.model, req, cfg, *s.comm, s.tok().stop_ids());
+    if (s.comm->rank() != 0) return nlohmann::json();
     const std::string answer = s.tok().decode(r.answer);
 
-    std::printf("model      : %s (%s, %d threads)\n", s.weights->source.c_str(),
-                s.backend->name().c_str(), cfg.model.threads);
+    std::printf("model      : %s (%s, %d threads, %d rank%s, exchange %s)\n",
+                s.weights->source.c_str(), s.backend->name().c_str(), cfg.model.threads, r.ranks,
+                r.ranks > 1 ? "s" : "", to_string(cfg.parallel.exchange));
     std::printf("method     : %s  ratio %.3f  layout %s%s\n", r.method.c_str(), cfg.method.ratio,
                 to_string(cfg.scoring.layout), cfg.method.reorder ? "  reorder" : "");
     std::printf("context    : %d tokens in %d chunks, suffix %d tokens\n", r.context_tokens,
@@ -66,7 +85,16 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
     }
     std::printf("phases     :");
     for (const PhaseTime& p : r.phases) std::printf(" %s %.1f ms;", p.name.c_str(), p.ms);
-    std::printf("\nTTFT       : %.1f ms\n", r.ttft_ms);
+    uint64_t sent = 0, recv = 0;
+    for (const auto& per_rank : r.phases_per_rank) {
+        for (const PhaseTime& p : per_rank) {
+            sent += p.bytes_sent;
+            recv += p.bytes_recv;
+        }
+    }
+    std::printf("\nmoved      : %.3f MB sent, %.3f MB received (all ranks)\n", sent / 1e6,
+                recv / 1e6);
+    std::printf("TTFT       : %.1f ms\n", r.ttft_ms);
     std::printf("question   : %s\n", text.question.c_str());
     std::printf("answer     : %s\n", answer.c_str());
     std::fflush(stdout);

@@ -10,9 +10,10 @@
 namespace infoflow {
 
 struct Session;
+class Communicator;
 
 // Dispatches on cfg.job; writes the JSON result to cfg.output.path when set (atomically).
-nlohmann::json run_job(const Config& cfg);
+nlohmann::json run_job(const Config& cfg, Communicator& comm);
 
 nlohmann::json run_answer(const Config& cfg, Session& s);
 // job = "niah": needle-in-a-haystack sweep over niah.lengths x niah.depths x method variants,

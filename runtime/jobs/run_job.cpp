@@ -1,6 +1,7 @@
 // Job dispatch and result output.
 #include <cstdio>
 
+#include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
 #include "runtime/jobs/jobs.h"
@@ -8,8 +9,9 @@
 
 namespace infoflow {
 
-nlohmann::json run_job(const Config& cfg) {
+nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     std::unique_ptr<Session> s = open_session(cfg);
+    s->comm = &comm;
     nlohmann::json result;
     switch (cfg.job) {
         case Config::Job::answer:
@@ -24,7 +26,7 @@ nlohmann::json run_job(const Config& cfg) {
         default:
             IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not available in this build");
     }
-    if (!cfg.output.path.empty()) {
+    if (!cfg.output.path.empty() && comm.rank() == 0) {
         write_file_atomic(cfg.output.path, result.dump(2) + "\n");
         std::printf("results    : %s\n", cfg.output.path.c_str());
     }

@@ -14,6 +14,8 @@
 
 namespace infoflow {
 
+class Communicator;
+
 struct Session {
     std::unique_ptr<ModelWeights> weights;
     std::unique_ptr<Backend> backend;
@@ -21,6 +23,7 @@ struct Session {
     std::unique_ptr<Tokenizer> tokenizer;  // null for random: models
     std::unique_ptr<ChatTemplate> chat;    // null for random: models
     double load_ms = 0.0;
+    Communicator* comm = nullptr;  // the job's ranks (a single-process communicator on one rank)
 
     const Tokenizer& tok() const;  // errors when the model has no tokenizer
     const ChatTemplate& chat_template() const;

@@ -9,6 +9,7 @@
 #include "runtime/method/scoring.h"
 #include "runtime/method/selection.h"
 #include "runtime/model/generate.h"
+#include "runtime/method/placement.h"
 
 namespace infoflow {
 namespace {
@@ -144,8 +145,23 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
             slot_chunk.push_back(ci);
         }
     }
+    // parallel.emulate_ranks = P: the "kv" visibility of P ranks in one process (§5.2), the
+    // oracle of the distributed run. Chunk 0 and (once selected) S are visible to all; every
+    // other token only to the queries of its shard; suffix and decode rows are rank 0's.
+    const int emulate = cfg.parallel.emulate_ranks;
+    std::vector<int32_t> slot_group;
+    if (emulate > 1) {
+        IF_CHECK(!cfg.method.reorder, "parallel.emulate_ranks with method.reorder is not supported");
+        IF_CHECK(cfg.scoring.softmax == Config::Softmax::global,
+                 "parallel.emulate_ranks needs scoring.softmax = \"global\"");
+        std::vector<int> sizes;
+        for (const auto& ch : req.chunks) sizes.push_back(int(ch.size()));
+        const Placement place = place_chunks(sizes, emulate);
+        for (int j = 0; j < T; ++j) slot_group.push_back(place.chunk_rank[slot_chunk[j]]);
+    }
+    const std::vector<int32_t>* groups = emulate > 1 ? &slot_group : nullptr;
     KvCache cache = model.make_cache(T + Q + max_new);
-    assemble_cache(model, chunks, order, gpos, nullptr, cache);
+    assemble_cache(model, chunks, order, gpos, groups, cache);
     std::vector<uint8_t> eligible(T);
     for (int j = 0; j < T; ++j) eligible[j] = slot_chunk[j] != 0;
 
@@ -172,6 +188,14 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
             pos.push_back(gpos[j]);
         }
     };
+    // Query groups of the selected tokens (their shard), and S becomes visible to all.
+    auto publish = [&](const std::vector<int>& sel, std::vector<int32_t>* qgroup) {
+        if (!groups) return;
+        for (int j : sel) {
+            qgroup->push_back(slot_group[j]);
+            cache.set_group(j, -1);
+        }
+    };
 
     if (method == Config::Method::cacheblend && k_budget > 0 && c.n_layer > 1) {
         // Layer 0 exact for every context token, then the layer-1 K/V deviation picks S.
@@ -183,7 +207,11 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
         const size_t row = size_t(cache.row());
         Buffer h = be.alloc_floats(size_t(T) * c.n_embd);
         model.embed(all_toks.data(), T, h.data());
+        // Layer 0 with full causal attention over the context (exact on every rank too).
+        std::vector<int32_t> saved_groups = cache.group();
+        for (int j = 0; j < T; ++j) cache.set_group(j, -1);
         model.layer_forward(0, h.data(), T, all_pos.data(), nullptr, all_slots.data(), cache);
+        for (int j = 0; j < T; ++j) cache.set_group(j, saved_groups[j]);
         Buffer k1 = be.alloc_floats(size_t(T) * row);
         Buffer v1 = be.alloc_floats(size_t(T) * row);
         model.layer_kv(1, h.data(), T, all_pos.data(), k1.data(), v1.data());
@@ -212,13 +240,18 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
             be.copy(hs.data() + i * c.n_embd, h.data() + size_t(selected[i]) * c.n_embd,
                     sizeof(float) * c.n_embd);
         }
-        recompute_selected(model, cache, s_slots, s_toks, s_pos, nullptr, 1, hs.data());
+        std::vector<int32_t> s_group;
+        publish(selected, &s_group);
+        recompute_selected(model, cache, s_slots, s_toks, s_pos, groups ? &s_group : nullptr, 1,
+                           hs.data());
         clock.mark("recompute");
     } else {
         if (method == Config::Method::cacheblend) clock.mark("scoring");
         std::vector<int32_t> s_slots, s_toks, s_pos;
         gather(selected, s_slots, s_toks, s_pos);
-        recompute_selected(model, cache, s_slots, s_toks, s_pos, nullptr, 0);
+        std::vector<int32_t> s_group;
+        publish(selected, &s_group);
+        recompute_selected(model, cache, s_slots, s_toks, s_pos, groups ? &s_group : nullptr, 0);
         clock.mark("recompute");
     }
     for (int j : selected) r.selected_positions.push_back(gpos[j]);
@@ -226,10 +259,13 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     // Suffix prefill over the updated cache, then the answer (§3.6).
     std::vector<int32_t> spos(Q);
     std::iota(spos.begin(), spos.end(), T);
-    r.first_logits = model.forward(cache, req.suffix, spos);
+    const std::vector<int32_t> suffix_group(Q, 0);
+    r.first_logits = model.forward(cache, req.suffix, spos, false, groups ? &suffix_group : nullptr);
     clock.mark("suffix_prefill");
     r.ttft_ms = sum_ms(r.phases);
-    const GenerateResult g = generate(model, cache, r.first_logits, T + Q, gen);
+    GenerateOptions gen_rank0 = gen;
+    if (groups) gen_rank0.group = 0;
+    const GenerateResult g = generate(model, cache, r.first_logits, T + Q, gen_rank0);
     r.answer = g.tokens;
     r.stopped = g.stopped;
     clock.mark("decode");

@@ -16,6 +16,9 @@ namespace infoflow {
 struct PhaseTime {
     std::string name;
     double ms = 0.0;
+    uint64_t bytes_sent = 0;  // this rank's communication in the phase (DESIGN §5.5)
+    uint64_t bytes_recv = 0;
+    double wait_ms = 0.0;
 };
 
 struct MethodResult {
@@ -28,7 +31,10 @@ struct MethodResult {
     int context_tokens = 0;
     int suffix_tokens = 0;
     double ttft_ms = 0.0;                     // request to first-token logits
-    std::vector<PhaseTime> phases;
+    std::vector<PhaseTime> phases;            // this rank's phases
+    int ranks = 1;
+    // Per phase, per rank (filled on rank 0 of a distributed run): [phase][rank].
+    std::vector<std::vector<PhaseTime>> phases_per_rank;
 };
 
 // Runs `cfg.method` on the request. `stop_ids` end generation.

@@ -1,0 +1,29 @@
+#include "runtime/parallel/run.h"
+
+#include "runtime/parallel/ring.h"
+#include "runtime/parallel/sp_pipeline.h"
+
+namespace infoflow {
+
+MethodResult run_request(Model& model, const PreparedRequest& req, const Config& cfg,
+                         Communicator& comm, const std::vector<int32_t>& stop_ids) {
+    const Config::Method m = cfg.method.name;
+    if (m == Config::Method::ring) return run_ring(model, req, cfg, comm, stop_ids);
+    if (comm.size() == 1) {
+        MethodResult r = run_method(model, req, cfg, stop_ids);
+        gather_phases(comm, r);
+        return r;
+    }
+    if (m == Config::Method::full) {
+        // The single-rank reference inside a distributed job: rank 0 computes, the others wait.
+        MethodResult r;
+        if (comm.rank() == 0) r = run_method(model, req, cfg, stop_ids);
+        std::vector<int32_t> answer_len{int32_t(r.answer.size())};
+        comm.broadcast(answer_len.data(), sizeof(int32_t), 0);
+        r.ranks = comm.size();
+        return r;
+    }
+    return run_method_sp(model, req, cfg, comm, stop_ids);
+}
+
+}  // namespace infoflow

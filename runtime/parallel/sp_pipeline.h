@@ -1,0 +1,41 @@
+// The sequence-parallel method on P ranks (DESIGN §5.1-§5.3): shard prefill with no messages,
+// scoring with a globally merged (or local) softmax and one all-reduce of the per-token scores,
+// selective recompute with the selected tokens' K/V all-gathered per layer ("kv") or with
+// pass-Q partial attention ("exact"), and the answer on rank 0.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "runtime/method/pipeline.h"
+
+namespace infoflow {
+
+// Runs cfg.method (none | infoflow | cacheblend | epic) across the ranks of `comm`. The full
+// result (answer, logits) is on rank 0; every rank returns its own phases.
+MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Config& cfg,
+                           Communicator& comm, const std::vector<int32_t>& stop_ids);
+
+// Replicated rows (identical on every rank) through layers [0, n_layers): per layer the rows'
+// K/V are written to `row_slots` of the local cache when given (one rank stores them, so they
+// count once), the rows attend over local slots [key_begin, cache.size()) and the partial
+// states are merged across ranks. `on_layer(l, q, lse)` (optional) sees the merged LSE.
+void forward_replicated(Model& model, Communicator& comm, KvCache& cache, int key_begin,
+                        float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,
+                        const int32_t* row_slots /*[n] or nullptr*/, int n_layers,
+                        const std::function<void(int, const float*, const float*)>& on_layer);
+
+// Distributed generation (DESIGN §5.2 "exact", §5.4): rank 0 samples from `first_logits` and
+// broadcasts each token; the decode row attends over every rank's local cache (its K/V stored on
+// rank 0), partial states merged. Returns the tokens on every rank.
+std::vector<int32_t> generate_replicated(Model& model, Communicator& comm, KvCache& cache,
+                                         int key_begin, const std::vector<float>& first_logits,
+                                         int32_t next_pos, const Config& cfg,
+                                         const std::vector<int32_t>& stop_ids, bool* stopped);
+
+// Gathers every rank's phases (same names, same order on all ranks) to rank 0.
+void gather_phases(Communicator& comm, MethodResult& r);
+
+}  // namespace infoflow

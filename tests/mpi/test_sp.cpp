@@ -1,0 +1,147 @@
+// Distributed execution against its single-rank oracles (DESIGN §6.1, §6.3, §6.4, §5.5), run
+// under mpiexec with 1-4 ranks on a tiny random model: infoflow at ratio 1 equals full in both
+// exchange modes; "exact" on P ranks equals P = 1 (same selected set, same tokens, logits
+// within 1e-4); "kv" on P ranks equals the single-rank run with emulate_ranks = P; ring
+// attention (zigzag, contiguous, all-gather) equals full; byte counts match the formulas.
+// Collectives first, checks after (no REQUIRE between collectives: a rank must never leave
+// the others waiting).
+#include <catch2/catch.hpp>
+
+#include "comm/communicator.h"
+#include "runtime/method/placement.h"
+#include "runtime/parallel/ring.h"
+#include "runtime/parallel/run.h"
+#include "runtime/parallel/sp_pipeline.h"
+#include "tests/method/method_fixture.h"
+
+using namespace infoflow;
+using namespace infoflow::test;
+
+namespace {
+
+constexpr double kTol = 1e-4;
+const std::vector<int32_t> kNoStop;
+
+struct Setup {
+    std::unique_ptr<Communicator> comm = make_communicator("mpi");
+    TinyModel tm;
+    // T = 87 context tokens + Q = 9 suffix tokens = 96, divisible by 2P for P = 1..4.
+    PreparedRequest req = random_request(21, tm.w.config.n_vocab, 4, {17, 9, 23, 12, 14, 8}, 9);
+    Setup() { tm.be->set_threads(1); }
+    int P() const { return comm->size(); }
+    int rank() const { return comm->rank(); }
+};
+
+const PhaseTime* phase(const MethodResult& r, const std::string& name) {
+    for (const auto& p : r.phases) {
+        if (p.name == name) return &p;
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("sp: infoflow at ratio 1 equals full in both exchange modes [6.1]", "[sp]") {
+    Setup s;
+    const MethodResult full = run_method(*s.tm.m, s.req, method_config(Config::Method::full), kNoStop);
+    for (auto ex : {Config::Exchange::kv, Config::Exchange::exact}) {
+        Config cfg = method_config(Config::Method::infoflow, 1.0);
+        cfg.parallel.exchange = ex;
+        const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+        CAPTURE(s.P(), s.rank(), to_string(ex));
+        CHECK(int(r.selected_positions.size()) == s.req.context_tokens() - 4);
+        if (s.rank() == 0) {
+            CHECK(rel_err(r.first_logits, full.first_logits) <= kTol);
+            CHECK(r.answer == full.answer);
+        }
+    }
+}
+
+TEST_CASE("sp: exact exchange on P ranks equals one rank [6.4]", "[sp]") {
+    Setup s;
+    for (auto m : {Config::Method::infoflow, Config::Method::epic, Config::Method::cacheblend,
+                   Config::Method::none}) {
+        for (auto agg : {Config::Aggregate::norm, Config::Aggregate::sum}) {
+            Config cfg = method_config(m, 0.3);
+            cfg.scoring.aggregate = agg;
+            cfg.parallel.exchange = Config::Exchange::exact;
+            const MethodResult one = run_method(*s.tm.m, s.req, cfg, kNoStop);
+            const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+            CAPTURE(s.P(), s.rank(), to_string(m), to_string(agg));
+            CHECK(r.selected_positions == one.selected_positions);  // global softmax: same set
+            CHECK(r.answer == one.answer);  // every rank holds the broadcast tokens
+            if (s.rank() == 0) CHECK(rel_err(r.first_logits, one.first_logits) <= kTol);
+        }
+    }
+}
+
+TEST_CASE("sp: kv exchange on P ranks equals emulate_ranks = P [6.4]", "[sp]") {
+    Setup s;
+    for (auto m : {Config::Method::infoflow, Config::Method::epic, Config::Method::cacheblend,
+                   Config::Method::none}) {
+        for (auto layout : {Config::Layout::global, Config::Layout::tl_tp}) {
+            Config cfg = method_config(m, 0.3);
+            cfg.scoring.layout = layout;
+            const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+            Config emu = cfg;
+            emu.parallel.emulate_ranks = s.P();
+            const MethodResult one = run_method(*s.tm.m, s.req, emu, kNoStop);
+            CAPTURE(s.P(), s.rank(), to_string(m), to_string(layout));
+            CHECK(r.selected_positions == one.selected_positions);
+            if (s.rank() == 0) {
+                CHECK(rel_err(r.first_logits, one.first_logits) <= kTol);
+                CHECK(r.answer == one.answer);
+            }
+        }
+    }
+}
+
+TEST_CASE("sp: kv exchange moves exactly the selected tokens' K/V [5.5]", "[sp]") {
+    Setup s;
+    Config cfg = method_config(Config::Method::infoflow, 0.2);
+    const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+    std::vector<int> sizes;
+    for (const auto& c : s.req.chunks) sizes.push_back(int(c.size()));
+    const Placement place = place_chunks(sizes, s.P());
+    std::vector<int> chunk_of;
+    for (size_t i = 0; i < sizes.size(); ++i) chunk_of.insert(chunk_of.end(), sizes[i], int(i));
+    std::vector<uint64_t> n_sel(s.P(), 0);
+    for (int32_t p : r.selected_positions) n_sel[place.chunk_rank[chunk_of[p]]]++;
+    const ModelConfig& c = s.tm.w.config;
+    const uint64_t per_token = 2ull * c.n_head_kv * c.head_dim * sizeof(float) * c.n_layer;
+    uint64_t others = 0;
+    for (int q = 0; q < s.P(); ++q) others += q == s.rank() ? 0 : n_sel[q];
+    const PhaseTime* rec = phase(r, "recompute");
+    REQUIRE(rec != nullptr);
+    CAPTURE(s.P(), s.rank());
+    CHECK(rec->bytes_sent == n_sel[s.rank()] * per_token * uint64_t(s.P() - 1));
+    CHECK(rec->bytes_recv == others * per_token);
+    const PhaseTime* pre = phase(r, s.P() > 1 ? "shard_prefill" : "chunk_prefill");
+    REQUIRE(pre != nullptr);
+    CHECK(pre->bytes_sent == 0);  // phase 1 has no messages
+}
+
+TEST_CASE("ring equals full for every layout and exchange [6.3]", "[ring]") {
+    Setup s;
+    const MethodResult full = run_method(*s.tm.m, s.req, method_config(Config::Method::full), kNoStop);
+    const ModelConfig& c = s.tm.w.config;
+    const int N = s.req.context_tokens() + int(s.req.suffix.size());
+    for (auto layout : {Config::RingLayout::zigzag, Config::RingLayout::contiguous}) {
+        for (auto ex : {Config::RingExchange::p2p, Config::RingExchange::allgather}) {
+            Config cfg = method_config(Config::Method::ring);
+            cfg.ring.layout = layout;
+            cfg.ring.exchange = ex;
+            const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+            CAPTURE(s.P(), s.rank(), to_string(layout), to_string(ex));
+            CHECK(r.answer == full.answer);  // distributed decode, tokens on every rank
+            if (s.rank() == 0) CHECK(rel_err(r.first_logits, full.first_logits) <= kTol);
+            // Bytes per rank per layer: (P-1) * (N/P) * 2 * H_kv * D * 4 (N divisible by 2P).
+            const PhaseTime* pre = phase(r, "ring_prefill");
+            REQUIRE(pre != nullptr);
+            const uint64_t per_layer =
+                uint64_t(s.P() - 1) * uint64_t(N / s.P()) * 2 * c.n_head_kv * c.head_dim * 4;
+            CHECK(pre->bytes_sent == per_layer * c.n_layer);
+            CHECK(pre->bytes_recv == per_layer * c.n_layer);
+        }
+    }
+}
