@@ -16,6 +16,7 @@ class Communicator;
 nlohmann::json run_job(const Config& cfg, Communicator& comm);
 
 nlohmann::json run_answer(const Config& cfg, Session& s);
+nlohmann::json run_bench_ttft(const Config& cfg, Session& s);
 // job = "niah": needle-in-a-haystack sweep over niah.lengths x niah.depths x method variants,
 // each compared with `full`; also writes the rows as CSV (output.csv, or next to output.path).
 nlohmann::json run_niah(const Config& cfg, Session& s);

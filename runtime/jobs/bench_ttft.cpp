@@ -1,0 +1,209 @@
+// job = "bench-ttft" (DESIGN §10): time to first token for each context length and method on
+// the job's ranks, in the layout of the paper's Table 5: single-rank full prefill (rank 0 alone,
+// the other ranks idle), ring attention (zigzag, contiguous, all-gather), InfoFlow ("kv" and
+// "exact" exchange). Warm-up runs, then the median of bench.runs; bytes moved per rank per layer
+// and the phase breakdown. Requests are synthetic token ids (speed does not depend on them);
+// chunking follows [chunking] (fixed chunks of chunking.size, or one chunk per rank when unset).
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <random>
+
+#include "comm/communicator.h"
+#include "runtime/core/error.h"
+#include "runtime/core/fs.h"
+#include "runtime/jobs/jobs.h"
+#include "runtime/jobs/session.h"
+#include "runtime/parallel/run.h"
+
+namespace infoflow {
+namespace {
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+PreparedRequest synthetic_request(int tokens, int n_vocab, const Config& cfg, int ranks,
+                                  uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    auto tok = [&]() { return int32_t(16 + rng() % uint64_t(n_vocab - 16)); };
+    const int prefix = 32, suffix = 24;
+    PreparedRequest r;
+    r.chunks.emplace_back();
+    for (int i = 0; i < prefix; ++i) r.chunks[0].push_back(tok());
+    const int ctx = std::max(1, tokens - prefix);
+    int size;
+    if (cfg.chunking.mode == Config::ChunkMode::fixed && !cfg.chunking.size) {
+        size = (ctx + ranks - 1) / ranks;  // one chunk per rank (DESIGN §5.1)
+    } else {
+        size = cfg.chunking.size_or_default();
+    }
+    for (int at = 0; at < ctx; at += size) {
+        r.chunks.emplace_back();
+        for (int i = at; i < std::min(ctx, at + size); ++i) r.chunks.back().push_back(tok());
+    }
+    for (int i = 0; i < suffix; ++i) r.suffix.push_back(tok());
+    r.question_begin = 4;
+    r.question_end = suffix - 6;
+    r.sink_id = cfg.chunking.sink == "none" ? -1 : 1;
+    return r;
+}
+
+struct Variant {
+    std::string label;
+    Config cfg;
+};
+
+}  // namespace
+
+nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
+    using nlohmann::json;
+    Communicator& comm = *s.comm;
+    const int P = comm.size();
+    const bool root = comm.rank() == 0;
+    Config base = cfg_in;
+    base.decode.max_new_tokens = 1;  // TTFT: the first answer token only
+    const int threads = base.bench.threads > 0 ? base.bench.threads : base.model.threads;
+    s.backend->set_threads(threads);
+    const ModelConfig& mc = s.model->config();
+
+    std::vector<Variant> variants;
+    for (Config::Method m : base.bench.methods) {
+        Config c = base;
+        c.method.name = m;
+        if (m == Config::Method::ring) {
+            for (auto layout : {Config::RingLayout::zigzag, Config::RingLayout::contiguous}) {
+                c.ring.layout = layout;
+                c.ring.exchange = Config::RingExchange::p2p;
+                variants.push_back({std::string("ring/") + to_string(layout), c});
+            }
+            c.ring.layout = Config::RingLayout::zigzag;
+            c.ring.exchange = Config::RingExchange::allgather;
+            variants.push_back({"ring/allgather", c});
+        } else if (m == Config::Method::full) {
+            variants.push_back({"single", c});
+        } else if (P > 1) {
+            for (auto ex : {Config::Exchange::kv, Config::Exchange::exact}) {
+                c.parallel.exchange = ex;
+                variants.push_back({std::string(to_string(m)) + "/" + to_string(ex), c});
+            }
+        } else {
+            variants.push_back({to_string(m), c});
+        }
+    }
+
+    json rows = json::array();
+    std::vector<std::string> lines;
+    for (int tokens : base.bench.lengths) {
+        const PreparedRequest req = synthetic_request(tokens, mc.n_vocab, base, P, 1234 + tokens);
+        double single_ms = 0.0, ring_ms = 0.0;
+        for (const Variant& v : variants) {
+            std::vector<double> ttft;
+            std::map<std::string, std::vector<double>> phase_ms;
+            std::vector<std::string> phase_order;
+            double bytes_per_layer = 0.0;
+            for (int run = 0; run < base.bench.warmup + base.bench.runs; ++run) {
+                comm.barrier();
+                const MethodResult r = run_request(*s.model, req, v.cfg, comm, {});
+                double t = r.ttft_ms;
+                comm.broadcast(&t, sizeof(t), 0);
+                if (run < base.bench.warmup) continue;
+                ttft.push_back(t);
+                for (const PhaseTime& p : r.phases) {
+                    if (!phase_ms.count(p.name)) phase_order.push_back(p.name);
+                    phase_ms[p.name].push_back(p.ms);
+                }
+                // Bytes a rank sends per layer up to the first token (the largest rank).
+                double most = 0.0;
+                for (int q = 0; q < int(r.ranks); ++q) {
+                    double sent = 0.0;
+                    for (const auto& per_rank : r.phases_per_rank) {
+                        if (q < int(per_rank.size()) && per_rank[q].name != "decode") {
+                            sent += double(per_rank[q].bytes_sent);
+                        }
+                    }
+                    most = std::max(most, sent);
+                }
+                bytes_per_layer = most / mc.n_layer;
+            }
+            const double med = median(ttft);
+            if (v.label == "single") single_ms = med;
+            if (v.label == "ring/zigzag") ring_ms = med;
+            json row = {{"bench", "ttft"},
+                        {"model", s.weights->source},
+                        {"tokens", req.context_tokens()},
+                        {"method", v.label},
+                        {"ranks", v.label == "single" ? 1 : P},
+                        {"threads_per_rank", threads},
+                        {"runs", base.bench.runs},
+                        {"ttft_ms", med},
+                        {"speedup_vs_single", single_ms > 0 ? json(single_ms / med) : json(nullptr)},
+                        {"speedup_vs_ring", ring_ms > 0 ? json(ring_ms / med) : json(nullptr)},
+                        {"bytes_per_rank_per_layer", bytes_per_layer}};
+            json phases = json::object();
+            for (const auto& name : phase_order) phases[name] = median(phase_ms[name]);
+            row["phases_ms"] = phases;
+            rows.push_back(row);
+            if (root) {
+                std::printf("  %6d tokens  %-16s %10.1f ms\n", req.context_tokens(),
+                            v.label.c_str(), med);
+                std::fflush(stdout);
+            }
+        }
+    }
+
+    if (root) {
+        std::printf("\nTTFT (%s, %d rank%s, %d thread%s per rank, ratio %.2f, median of %d)\n",
+                    s.weights->source.c_str(), P, P > 1 ? "s" : "", threads,
+                    threads > 1 ? "s" : "", base.method.ratio, base.bench.runs);
+        std::printf("%7s  %-16s %5s %11s %9s %9s %14s  %s\n", "tokens", "method", "ranks",
+                    "TTFT ms", "vs single", "vs ring", "bytes/rk/layer", "phases (ms)");
+        for (const json& row : rows) {
+            std::string ph;
+            for (auto it = row["phases_ms"].begin(); it != row["phases_ms"].end(); ++it) {
+                char buf[96];
+                std::snprintf(buf, sizeof buf, "%s %.0f; ", it.key().c_str(), it->get<double>());
+                ph += buf;
+            }
+            auto ratio = [](const json& x) {
+                char buf[32];
+                if (x.is_null()) return std::string("-");
+                std::snprintf(buf, sizeof buf, "%.2fx", x.get<double>());
+                return std::string(buf);
+            };
+            std::printf("%7d  %-16s %5d %11.1f %9s %9s %14.0f  %s\n", row["tokens"].get<int>(),
+                        row["method"].get<std::string>().c_str(), row["ranks"].get<int>(),
+                        row["ttft_ms"].get<double>(), ratio(row["speedup_vs_single"]).c_str(),
+                        ratio(row["speedup_vs_ring"]).c_str(),
+                        row["bytes_per_rank_per_layer"].get<double>(), ph.c_str());
+        }
+        for (const json& row : rows) std::printf("%s\n", row.dump().c_str());
+        if (!base.output.csv.empty()) {
+            std::string csv =
+                "tokens,method,ranks,threads_per_rank,ttft_ms,speedup_vs_single,speedup_vs_ring,"
+                "bytes_per_rank_per_layer\n";
+            for (const json& row : rows) {
+                char buf[256];
+                std::snprintf(buf, sizeof buf, "%d,%s,%d,%d,%.3f,%s,%s,%.0f\n",
+                              row["tokens"].get<int>(), row["method"].get<std::string>().c_str(),
+                              row["ranks"].get<int>(), row["threads_per_rank"].get<int>(),
+                              row["ttft_ms"].get<double>(),
+                              row["speedup_vs_single"].is_null()
+                                  ? ""
+                                  : std::to_string(row["speedup_vs_single"].get<double>()).c_str(),
+                              row["speedup_vs_ring"].is_null()
+                                  ? ""
+                                  : std::to_string(row["speedup_vs_ring"].get<double>()).c_str(),
+                              row["bytes_per_rank_per_layer"].get<double>());
+                csv += buf;
+            }
+            write_file_atomic(base.output.csv, csv);
+        }
+    }
+    return {{"job", "bench-ttft"}, {"rows", rows}, {"config", cfg_in.to_json()}};
+}
+
+}  // namespace infoflow
