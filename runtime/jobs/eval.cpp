@@ -134,8 +134,8 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
         // Positions left for the documents once chunk 0, the suffix and the answer are placed.
         const PreparedRequest skeleton =
             prepare_request(tok, chat, RequestText{text.system, {}, text.question}, cfg);
-        const int budget = n_ctx - int(skeleton.chunks[0].size()) -
-                           int(skeleton.suffix.size()) - cfg.decode.max_new_tokens;
+        const int budget = n_ctx - int(skeleton.chunks[0].size()) - int(skeleton.suffix.size()) -
+                           cfg.decode.max_new_tokens;
         std::vector<int> counts;
         for (const auto& d : text.documents) {
             counts.push_back(int(chat.text(d + ins.doc_separator).size()));
@@ -192,13 +192,13 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
             st.ttft += r.ttft_ms;
 
             ++done;
-            std::printf("[eval %*d/%d] sample %zu (T %d%s) %-24s F1 %.3f  top1 %s  KL %.4f  "
-                        "TTFT %8.1f ms  answer \"%s\"\n",
-                        int(std::to_string(n_runs).size()), done, n_runs, si, T,
-                        dropped ? (", " + std::to_string(dropped) + " passages dropped").c_str()
-                                : "",
-                        v.label.c_str(), f1, cmp.top1_agree ? "=" : "x", cmp.kl, r.ttft_ms,
-                        one_line(answer).c_str());
+            std::printf(
+                "[eval %*d/%d] sample %zu (T %d%s) %-24s F1 %.3f  top1 %s  KL %.4f  "
+                "TTFT %8.1f ms  answer \"%s\"\n",
+                int(std::to_string(n_runs).size()), done, n_runs, si, T,
+                dropped ? (", " + std::to_string(dropped) + " passages dropped").c_str() : "",
+                v.label.c_str(), f1, cmp.top1_agree ? "=" : "x", cmp.kl, r.ttft_ms,
+                one_line(answer).c_str());
             std::fflush(stdout);
         }
     }
@@ -218,17 +218,16 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
                            {"exact_match", st.exact / n},
                            {"mean_selected_fraction", st.selected / n},
                            {"mean_ttft_ms", st.ttft / n}});
-        table.push_back({v.label + (v.method == Config::Method::full ? " (ref)" : ""),
-                         std::to_string(st.runs), fmt("%.2f", 100.0 * st.f1 / n),
-                         fmt("%.3f", st.top1 / n), fmt("%.4f", st.kl / n),
-                         fmt("%.3f", st.exact / n), fmt("%.3f", st.selected / n),
-                         fmt("%.1f", st.ttft / n)});
+        table.push_back(
+            {v.label + (v.method == Config::Method::full ? " (ref)" : ""), std::to_string(st.runs),
+             fmt("%.2f", 100.0 * st.f1 / n), fmt("%.3f", st.top1 / n), fmt("%.4f", st.kl / n),
+             fmt("%.3f", st.exact / n), fmt("%.3f", st.selected / n), fmt("%.1f", st.ttft / n)});
     }
     const double wall_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     std::printf("\n");
-    print_table({"method", "samples", "F1 x100", "top1 agree", "mean KL", "exact match",
-                 "selected", "TTFT ms"},
+    print_table({"method", "samples", "F1 x100", "top1 agree", "mean KL", "exact match", "selected",
+                 "TTFT ms"},
                 table);
     std::printf("wall time  : %.1f s\n", wall_s);
 
@@ -248,11 +247,11 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
 
     const std::string csv = csv_path(cfg);
     if (!csv.empty()) {
-        write_file_atomic(csv, rows_to_csv(rows, {"index", "id", "context_tokens",
-                                                  "passages_dropped", "method", "reference",
-                                                  "f1", "top1_agree", "kl", "exact_match",
-                                                  "selected_fraction", "ttft_ms", "answer",
-                                                  "answers", "phases"}));
+        write_file_atomic(
+            csv,
+            rows_to_csv(rows, {"index", "id", "context_tokens", "passages_dropped", "method",
+                               "reference", "f1", "top1_agree", "kl", "exact_match",
+                               "selected_fraction", "ttft_ms", "answer", "answers", "phases"}));
         std::printf("csv        : %s\n", csv.c_str());
     }
     std::fflush(stdout);

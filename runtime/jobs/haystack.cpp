@@ -171,8 +171,8 @@ Haystack build_haystack(const std::vector<std::string>& paragraphs, const Haysta
         }
         break;
     }
-    IF_CHECK(!h.documents.empty(), "a haystack of " << spec.target_tokens
-                                                    << " tokens holds no filler text");
+    IF_CHECK(!h.documents.empty(),
+             "a haystack of " << spec.target_tokens << " tokens holds no filler text");
 
     // The document holding the target offset, then its nearest sentence boundary.
     const double target = spec.depth * double(total);

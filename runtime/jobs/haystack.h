@@ -30,11 +30,11 @@ std::vector<std::string> split_sentences(const std::string& paragraph);
 const std::string& builtin_filler();
 
 struct HaystackSpec {
-    int target_tokens = 0;   // tokens of all documents together (each counted with separator)
-    double depth = 0.0;      // in [0, 1]
-    uint64_t seed = 0;       // picks the first filler paragraph
-    std::string needle;      // one or more sentences
-    std::string separator;   // appended to every document when it is tokenized
+    int target_tokens = 0;  // tokens of all documents together (each counted with separator)
+    double depth = 0.0;     // in [0, 1]
+    uint64_t seed = 0;      // picks the first filler paragraph
+    std::string needle;     // one or more sentences
+    std::string separator;  // appended to every document when it is tokenized
 };
 
 struct Haystack {

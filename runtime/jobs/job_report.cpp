@@ -39,8 +39,8 @@ std::vector<MethodVariant> eval_variants(const Config& cfg) {
     out.push_back({"full", Config::Method::full, Config::Layout::global, false});
     if (cfg.method.name != Config::Method::full) {
         const bool reorder = cfg.method.name == Config::Method::infoflow && cfg.method.reorder;
-        out.push_back({variant_label(cfg.method.name, cfg.scoring.layout, reorder),
-                       cfg.method.name, cfg.scoring.layout, reorder});
+        out.push_back({variant_label(cfg.method.name, cfg.scoring.layout, reorder), cfg.method.name,
+                       cfg.scoring.layout, reorder});
     }
     return out;
 }
@@ -102,9 +102,9 @@ std::string rows_to_csv(const nlohmann::json& rows, const std::vector<std::strin
     }
     std::string out;
     for (size_t i = 0; i < cols.size(); ++i) {
-        out += (i ? "," : "") +
-               csv_field(cols[i].second.empty() ? cols[i].first
-                                                : cols[i].first + "." + cols[i].second);
+        out += (i ? "," : "") + csv_field(cols[i].second.empty()
+                                              ? cols[i].first
+                                              : cols[i].first + "." + cols[i].second);
     }
     out += "\n";
     for (const auto& r : rows) {

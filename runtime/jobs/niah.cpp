@@ -2,7 +2,8 @@
 // haystack (haystack.h) becomes one request; `full` runs first as the reference, then every
 // method variant (job_report.h) on the same tokens. A row per length × depth × variant records
 // correctness (the answer contains niah.answer), first-token top-1 agreement and KL against
-// `full`, greedy exact match with `full`, the selected fraction and the timings. Progress lines
+// `full`, greedy exact match with `full`, the selected fraction, the share of the needle's
+// tokens that were recomputed, and the timings. Progress lines
 // as cases finish, a per-variant summary table at the end; JSON rows + summary + effective
 // config, and the rows as CSV.
 #include <algorithm>
@@ -38,8 +39,30 @@ std::string fmt(const char* f, double x) {
 
 struct LabelStats {
     int runs = 0, correct = 0, top1 = 0, exact = 0;
-    double kl = 0.0, selected = 0.0, ttft = 0.0;
+    double kl = 0.0, selected = 0.0, ttft = 0.0, needle = 0.0;
 };
+
+// Fraction of the needle's tokens (context positions [begin, end) in the original chunk order)
+// that the run recomputed; a reordered run moved them with their chunk.
+double needle_recall(const PreparedRequest& req, const MethodResult& r, int begin, int end) {
+    if (end <= begin || r.selected_positions.empty()) return 0.0;
+    const std::vector<int> offsets = req.chunk_offsets();
+    std::vector<int> moved(offsets.size(), 0);  // chunk -> its offset in the run's order
+    int acc = 0;
+    for (int c : r.chunk_order) {
+        moved[size_t(c)] = acc;
+        acc += int(req.chunks[size_t(c)].size());
+    }
+    int hit = 0;
+    for (int p = begin; p < end; ++p) {
+        const int c =
+            int(std::upper_bound(offsets.begin(), offsets.end(), p) - offsets.begin()) - 1;
+        const int q = (r.chunk_order.empty() ? offsets[size_t(c)] : moved[size_t(c)]) + p -
+                      offsets[size_t(c)];
+        hit += std::binary_search(r.selected_positions.begin(), r.selected_positions.end(), q);
+    }
+    return double(hit) / double(end - begin);
+}
 
 }  // namespace
 
@@ -54,7 +77,8 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
 
     const std::string filler_name =
         nc.filler_file.empty() ? std::string("<built-in filler>") : nc.filler_file;
-    const std::string filler = nc.filler_file.empty() ? builtin_filler() : read_file(nc.filler_file);
+    const std::string filler =
+        nc.filler_file.empty() ? builtin_filler() : read_file(nc.filler_file);
     IF_CHECK(filler.find(nc.answer) == std::string::npos,
              "niah.filler_file '" << filler_name << "' contains the answer '" << nc.answer
                                   << "': the needle must be the only place it appears");
@@ -114,12 +138,15 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
                 const MethodVariant& v = variants[vi];
                 MethodResult r = run_method(*s.model, req, variant_config(cfg, v), tok.stop_ids());
                 if (vi == 0) ref = r;  // variants[0] is full
-                const FirstTokenComparison cmp = compare_first_token(ref.first_logits,
-                                                                     r.first_logits);
+                const FirstTokenComparison cmp =
+                    compare_first_token(ref.first_logits, r.first_logits);
                 const std::string answer = tok.decode(r.answer);
                 const bool correct = answer.find(nc.answer) != std::string::npos;
                 const bool exact = r.answer == ref.answer;
                 const double sel = T ? double(r.selected_positions.size()) / T : 0.0;
+                const int needle_begin = prefix_tokens + h.needle_offset;
+                const double recall =
+                    needle_recall(req, r, needle_begin, needle_begin + h.needle_tokens);
 
                 json row;
                 row["length_target"] = L;
@@ -144,6 +171,7 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
                 row["exact_match"] = exact;
                 row["selected"] = r.selected_positions.size();
                 row["selected_fraction"] = sel;
+                row["needle_recall"] = recall;
                 row["ttft_ms"] = r.ttft_ms;
                 row["phases"] = phases_json(r.phases);
                 rows.push_back(row);
@@ -156,14 +184,15 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
                 st.kl += cmp.kl;
                 st.selected += sel;
                 st.ttft += r.ttft_ms;
+                st.needle += recall;
 
                 ++done;
-                std::printf("[niah %*d/%d] L %d (T %d) depth %.2f  %-24s %s  top1 %s  KL %.4f  "
-                            "sel %5.1f%%  TTFT %8.1f ms  answer \"%s\"\n",
-                            int(std::to_string(n_cases).size()), done, n_cases, L, T, depth,
-                            v.label.c_str(), correct ? "ok  " : "MISS",
-                            cmp.top1_agree ? "=" : "x", cmp.kl, 100.0 * sel, r.ttft_ms,
-                            one_line(answer).c_str());
+                std::printf(
+                    "[niah %*d/%d] L %d (T %d) depth %.2f  %-24s %s  top1 %s  KL %.4f  "
+                    "sel %5.1f%% (needle %3.0f%%)  TTFT %8.1f ms  answer \"%s\"\n",
+                    int(std::to_string(n_cases).size()), done, n_cases, L, T, depth,
+                    v.label.c_str(), correct ? "ok  " : "MISS", cmp.top1_agree ? "=" : "x", cmp.kl,
+                    100.0 * sel, 100.0 * recall, r.ttft_ms, one_line(answer).c_str());
                 std::fflush(stdout);
             }
         }
@@ -182,18 +211,19 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
                            {"mean_kl", st.kl / n},
                            {"exact_match", st.exact / n},
                            {"mean_selected_fraction", st.selected / n},
+                           {"mean_needle_recall", st.needle / n},
                            {"mean_ttft_ms", st.ttft / n}});
         table.push_back({v.label + (v.method == Config::Method::full ? " (ref)" : ""),
                          std::to_string(st.runs), fmt("%.3f", st.correct / n),
                          fmt("%.3f", st.top1 / n), fmt("%.4f", st.kl / n),
                          fmt("%.3f", st.exact / n), fmt("%.3f", st.selected / n),
-                         fmt("%.1f", st.ttft / n)});
+                         fmt("%.3f", st.needle / n), fmt("%.1f", st.ttft / n)});
     }
     const double wall_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     std::printf("\n");
-    print_table({"method", "runs", "accuracy", "top1 agree", "mean KL", "exact match",
-                 "selected", "TTFT ms"},
+    print_table({"method", "runs", "accuracy", "top1 agree", "mean KL", "exact match", "selected",
+                 "needle sel", "TTFT ms"},
                 table);
     std::printf("wall time  : %.1f s\n", wall_s);
 
@@ -212,11 +242,11 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
 
     const std::string csv = csv_path(cfg);
     if (!csv.empty()) {
-        write_file_atomic(csv, rows_to_csv(rows, {"length_target", "context_tokens", "depth",
-                                                  "actual_depth", "method", "reference",
-                                                  "correct", "top1_agree", "kl", "exact_match",
-                                                  "selected_fraction", "ttft_ms", "answer",
-                                                  "phases"}));
+        write_file_atomic(
+            csv, rows_to_csv(
+                     rows, {"length_target", "context_tokens", "depth", "actual_depth", "method",
+                            "reference", "correct", "top1_agree", "kl", "exact_match",
+                            "selected_fraction", "needle_recall", "ttft_ms", "answer", "phases"}));
         std::printf("csv        : %s\n", csv.c_str());
     }
     std::fflush(stdout);

@@ -188,9 +188,8 @@ std::vector<std::string> split_passages(const std::string& context) {
 }
 
 double kl_divergence(const std::vector<double>& log_p, const std::vector<double>& log_q) {
-    IF_CHECK(log_p.size() == log_q.size(), "KL of rows of different sizes (" << log_p.size()
-                                                                            << " vs "
-                                                                            << log_q.size() << ")");
+    IF_CHECK(log_p.size() == log_q.size(),
+             "KL of rows of different sizes (" << log_p.size() << " vs " << log_q.size() << ")");
     double kl = 0.0;
     for (size_t i = 0; i < log_p.size(); ++i) {
         const double p = std::exp(log_p[i]);
