@@ -1,0 +1,188 @@
+// Scoring (DESIGN §3.3) against a plain reference that materializes the attention matrix, for
+// both aggregates and all four layouts; the positions each layout assigns; selection
+// tie-breaking (§3.4); EPIC's set and the reorder rule (§3.7, §4) on hand-built cases.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+
+#include "runtime/method/chunk_kv.h"
+#include "runtime/method/scoring.h"
+#include "runtime/method/selection.h"
+#include "tests/method/method_fixture.h"
+
+using namespace infoflow;
+using namespace infoflow::test;
+
+namespace {
+
+// Records post-RoPE queries of every layer.
+class CaptureTap final : public LayerTap {
+public:
+    std::map<int, std::vector<float>> q;
+    bool wants(int) const override { return true; }
+    void on_attention(int layer, const float* qp, const float*, int n, const int32_t*,
+                      const int32_t*, const KvCache&) override {
+        q[layer].assign(qp, qp + size_t(n) * size_);
+    }
+    size_t size_ = 0;
+};
+
+std::vector<ChunkKv> make_chunks(Model& m, const PreparedRequest& req) {
+    std::vector<ChunkKv> chunks;
+    for (int i = 0; i < req.n_chunks(); ++i) {
+        chunks.push_back(prefill_chunk(m, req.chunks[i], i == 0 ? -1 : req.sink_id));
+    }
+    return chunks;
+}
+
+}  // namespace
+
+TEST_CASE("layout positions", "[scoring]") {
+    // chunk 0: 3 tokens; chunk 1: 4 tokens (local 1..4 after a sink); chunk 2: 2 tokens.
+    std::vector<ChunkKv> ch(3);
+    ch[0].tokens = {1, 2, 3};
+    ch[0].local_pos = {0, 1, 2};
+    ch[1].tokens = {4, 5, 6, 7};
+    ch[1].local_pos = {1, 2, 3, 4};
+    ch[2].tokens = {8, 9};
+    ch[2].local_pos = {1, 2};
+    const std::vector<int> order{0, 1, 2};
+    using V = std::vector<int32_t>;
+    auto g = layout_positions(Config::Layout::global, ch, order);
+    CHECK(g.key_pos == V{0, 1, 2, 3, 4, 5, 6, 7, 8});
+    CHECK(g.row_start == 9);
+    auto a = layout_positions(Config::Layout::hl_tp, ch, order);
+    CHECK(a.key_pos == V{0, 1, 2, 1, 2, 3, 4, 1, 2});
+    CHECK(a.row_start == 9);
+    auto b = layout_positions(Config::Layout::hl_hp, ch, order);
+    CHECK(b.key_pos == V{0, 1, 2, 1, 2, 3, 4, 1, 2});
+    CHECK(b.row_start == 5);  // right after the longest chunk (local end 5)
+    auto t = layout_positions(Config::Layout::tl_tp, ch, order);
+    CHECK(t.key_pos == V{0, 1, 2, 5, 6, 7, 8, 7, 8});
+    CHECK(t.row_start == 9);
+    CHECK(global_positions(ch, {0, 2, 1}) == V{0, 1, 2, 3, 4, 5, 6, 7, 8});
+}
+
+TEST_CASE("scoring equals a materialized attention reference", "[scoring]") {
+    TinyModel tm;
+    const ModelConfig& c = tm.w.config;
+    const PreparedRequest req = random_request(8, c.n_vocab, 4, {9, 14, 6}, 7);
+    const std::vector<ChunkKv> chunks = make_chunks(*tm.m, req);
+    const std::vector<int> order{0, 1, 2, 3};
+    const std::vector<int32_t> rows(req.suffix.begin() + req.question_begin,
+                                    req.suffix.begin() + req.question_end);
+    const int T = req.context_tokens();
+    const int n = int(rows.size());
+    const std::vector<int> layers{1, 3};
+    for (auto layout : {Config::Layout::global, Config::Layout::hl_tp, Config::Layout::hl_hp,
+                        Config::Layout::tl_tp}) {
+        for (bool sum : {false, true}) {
+            ScoreOptions opt;
+            opt.layout = layout;
+            opt.layers = layers;
+            opt.aggregate_sum = sum;
+            const std::vector<double> got = score_context(*tm.m, chunks, order, rows, opt);
+
+            // Reference: run the rows with a capturing tap, then build P in double precision.
+            const LayoutPositions lp = layout_positions(layout, chunks, order);
+            KvCache cache = tm.m->make_cache(T + n);
+            assemble_cache(*tm.m, chunks, order, lp.key_pos, nullptr, cache);
+            std::vector<int32_t> pos(n), slots(n);
+            for (int i = 0; i < n; ++i) pos[i] = lp.row_start + i;
+            const int first = cache.append(n, pos.data(), nullptr);
+            for (int i = 0; i < n; ++i) slots[i] = first + i;
+            CaptureTap tap;
+            tap.size_ = size_t(c.n_head) * c.head_dim;
+            std::vector<float> h(size_t(n) * c.n_embd);
+            tm.m->embed(rows.data(), n, h.data());
+            std::vector<double> ref(T, 0.0);
+            const int row = cache.row();
+            const int g = c.n_head / c.n_head_kv;
+            const double scale = 1.0 / std::sqrt(double(c.head_dim));
+            for (int l = 0; l <= 3; ++l) {
+                tm.m->layer_forward(l, h.data(), n, pos.data(), nullptr, slots.data(), cache, &tap);
+                if (l != 1 && l != 3) continue;
+                std::vector<double> abar(size_t(n) * T, 0.0);
+                for (int hh = 0; hh < c.n_head; ++hh) {
+                    for (int i = 0; i < n; ++i) {
+                        std::vector<double> s(T + n, -INFINITY);
+                        double mx = -INFINITY;
+                        for (int j = 0; j < T + n; ++j) {
+                            if (cache.pos()[j] > pos[i]) continue;
+                            const float* kj = cache.k(l) + size_t(j) * row + (hh / g) * c.head_dim;
+                            const float* qi = tap.q[l].data() + (size_t(i) * c.n_head + hh) * c.head_dim;
+                            double d = 0.0;
+                            for (int e = 0; e < c.head_dim; ++e) d += double(qi[e]) * kj[e];
+                            s[j] = d * scale;
+                            mx = std::max(mx, s[j]);
+                        }
+                        double z = 0.0;
+                        for (int j = 0; j < T + n; ++j) z += s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx);
+                        for (int j = 0; j < T; ++j) {
+                            const double p = s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx) / z;
+                            if (sum) {
+                                ref[j] += p;
+                            } else {
+                                abar[size_t(i) * T + j] += p / c.n_head;
+                            }
+                        }
+                    }
+                }
+                if (!sum) {
+                    for (int j = 0; j < T; ++j) {
+                        double sq = 0.0;
+                        for (int i = 0; i < n; ++i) sq += abar[size_t(i) * T + j] * abar[size_t(i) * T + j];
+                        ref[j] += std::sqrt(sq) / double(layers.size());
+                    }
+                }
+            }
+            CAPTURE(to_string(layout), sum);
+            REQUIRE(got.size() == ref.size());
+            double worst = 0.0, top = 0.0;
+            for (int j = 0; j < T; ++j) {
+                worst = std::max(worst, std::fabs(got[j] - ref[j]));
+                top = std::max(top, std::fabs(ref[j]));
+            }
+            CHECK(worst <= 1e-4 * top);
+            CHECK(top > 0.0);
+        }
+    }
+}
+
+TEST_CASE("selection: top-k with ties to the lower position, sorted, chunk 0 excluded",
+          "[selection]") {
+    const std::vector<double> score{5, 1, 3, 3, 3, 0, 9, 3};
+    const std::vector<int32_t> pos{0, 1, 2, 3, 4, 5, 6, 7};
+    std::vector<uint8_t> eligible{0, 1, 1, 1, 1, 1, 1, 1};  // slot 0 is chunk 0
+    CHECK(select_top_k(score, pos, eligible, 3) == std::vector<int>{2, 3, 6});
+    CHECK(select_top_k(score, pos, eligible, 1) == std::vector<int>{6});
+    CHECK(select_top_k(score, pos, eligible, 100).size() == 7);
+    CHECK(select_top_k(score, pos, eligible, 0).empty());
+    // Positions, not slot order, break ties and sort the result.
+    const std::vector<int32_t> shuffled{0, 7, 6, 5, 4, 3, 2, 1};
+    CHECK(select_top_k(score, shuffled, eligible, 3) == std::vector<int>{7, 6, 4});
+    CHECK(recompute_budget(0.15, 1000) == 150);
+    CHECK(recompute_budget(1.0, 37) == 37);
+    CHECK(recompute_budget(0.0, 37) == 0);
+}
+
+TEST_CASE("epic takes the leading tokens of every chunk after chunk 0", "[selection]") {
+    // chunks in slot order: ids 0, 1, 2 with sizes 4, 10, 5 starting at 0, 4, 14.
+    const std::vector<int> id{0, 1, 2}, begin{0, 4, 14}, size{4, 10, 5};
+    CHECK(epic_selection(id, begin, size, false, 0.2, 0) == std::vector<int>{4, 5, 14});
+    CHECK(epic_selection(id, begin, size, true, 0.0, 3) ==
+          std::vector<int>{4, 5, 6, 14, 15, 16});
+    CHECK(epic_selection(id, begin, size, true, 0.0, 7) ==
+          std::vector<int>{4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18});
+}
+
+TEST_CASE("reorder sorts chunks by ascending selected fraction, stable, chunk 0 first",
+          "[selection]") {
+    // chunks 0..3 of sizes 2, 4, 4, 2; selection hits chunk 1 twice, chunk 3 once.
+    const std::vector<int> slot_chunk{0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3};
+    const std::vector<int> sizes{2, 4, 4, 2};
+    CHECK(reorder_by_selection({2, 3, 10}, slot_chunk, sizes) == std::vector<int>{0, 2, 1, 3});
+    CHECK(reorder_by_selection({}, slot_chunk, sizes) == std::vector<int>{0, 1, 2, 3});
+    CHECK(reorder_by_selection({0, 1, 6}, slot_chunk, sizes) == std::vector<int>{0, 1, 3, 2});
+}
