@@ -219,15 +219,7 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
         const bool use_k = cfg.cacheblend.metric == Config::BlendMetric::k;
         be.download(fresh.data(), use_k ? k1.data() : v1.data(), fresh.size() * sizeof(float));
         be.download(cached.data(), use_k ? cache.k(1) : cache.v(1), cached.size() * sizeof(float));
-        std::vector<double> dev(T, 0.0);
-        for (int j = 0; j < T; ++j) {
-            double d = 0.0;
-            for (size_t e = 0; e < row; ++e) {
-                const double x = double(fresh[j * row + e]) - cached[j * row + e];
-                d += x * x;
-            }
-            dev[j] = d;
-        }
+        const std::vector<double> dev = kv_deviation(fresh.data(), cached.data(), T, int(row));
         selected = select_top_k(dev, gpos, eligible, k_budget);
         // Every context token's layer-1 K/V is replaced by the fresh one.
         be.copy(cache.k(1), k1.data(), size_t(T) * row * sizeof(float));

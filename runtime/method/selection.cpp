@@ -46,6 +46,19 @@ std::vector<int> epic_selection(const std::vector<int>& chunk_id, const std::vec
     return s;
 }
 
+std::vector<double> kv_deviation(const float* fresh, const float* cached, int n, int row) {
+    std::vector<double> d(n, 0.0);
+    for (int j = 0; j < n; ++j) {
+        double acc = 0.0;
+        for (int e = 0; e < row; ++e) {
+            const double x = double(fresh[size_t(j) * row + e]) - cached[size_t(j) * row + e];
+            acc += x * x;
+        }
+        d[j] = acc;
+    }
+    return d;
+}
+
 std::vector<int> reorder_by_selection(const std::vector<int>& selected,
                                       const std::vector<int>& slot_chunk,
                                       const std::vector<int>& chunk_size) {

@@ -23,6 +23,10 @@ std::vector<int> epic_selection(const std::vector<int>& chunk_id, const std::vec
                                 const std::vector<int>& chunk_size, bool fixed, double ratio,
                                 int k);
 
+// CacheBlend's deviation per token: d_j = sum over heads and dims of (fresh - cached)^2.
+std::vector<double> kv_deviation(const float* fresh /*[n, row]*/, const float* cached /*[n, row]*/,
+                                 int n, int row);
+
 // Reorder (§3.7): f_c = |S ∩ C_c| / |C_c| for chunks 1..K; returns the new chunk order: chunk 0
 // first, then chunks 1..K stably sorted by ascending f_c. `slot_chunk` maps a slot to its chunk
 // in the current (identity) order.

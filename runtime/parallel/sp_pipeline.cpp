@@ -392,13 +392,15 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
         model.layer_kv(1, h.data(), n_own, pos.data(), k1.data(), v1.data());
         const bool use_k = cfg.cacheblend.metric == Config::BlendMetric::k;
         std::vector<double> dev(T, 0.0);
+        std::vector<float> old_rows(size_t(std::max(1, n_own)) * row);
         for (int i = 0; i < n_own; ++i) {
-            const float* fresh = (use_k ? k1.data() : v1.data()) + size_t(i) * row;
-            const float* old = (use_k ? cache.k(1) : cache.v(1)) + size_t(slots[i]) * row;
-            double d = 0.0;
-            for (int e = 0; e < row; ++e) d += double(fresh[e] - old[e]) * (fresh[e] - old[e]);
-            dev[sh.own_begin + i] = d;
+            be.copy(old_rows.data() + size_t(i) * row,
+                    (use_k ? cache.k(1) : cache.v(1)) + size_t(slots[i]) * row,
+                    row * sizeof(float));
         }
+        const std::vector<double> own_dev =
+            kv_deviation(use_k ? k1.data() : v1.data(), old_rows.data(), n_own, row);
+        for (int i = 0; i < n_own; ++i) dev[sh.own_begin + i] = own_dev[i];
         comm.all_reduce(dev.data(), dev.size(), DType::f64, ReduceOp::sum);
         selected = select_top_k(dev, sh.gpos, eligible, k_budget);
         for (int i = 0; i < n_own; ++i) {  // every own token's layer-1 K/V becomes the fresh one

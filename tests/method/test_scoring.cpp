@@ -186,3 +186,14 @@ TEST_CASE("reorder sorts chunks by ascending selected fraction, stable, chunk 0 
     CHECK(reorder_by_selection({}, slot_chunk, sizes) == std::vector<int>{0, 1, 2, 3});
     CHECK(reorder_by_selection({0, 1, 6}, slot_chunk, sizes) == std::vector<int>{0, 1, 3, 2});
 }
+
+TEST_CASE("cacheblend ranks tokens by their layer-1 K/V deviation", "[selection]") {
+    // 4 tokens, row 3: token 2 deviates most, then token 0; token 1 not at all.
+    const std::vector<float> cached{1, 1, 1, 0, 0, 0, 2, 2, 2, 5, 5, 5};
+    const std::vector<float> fresh{1, 2, 1, 0, 0, 0, 2, 5, 0, 5, 5, 5.5f};
+    const std::vector<double> d = kv_deviation(fresh.data(), cached.data(), 4, 3);
+    CHECK(d == std::vector<double>{1.0, 0.0, 13.0, 0.25});
+    const std::vector<int32_t> pos{0, 1, 2, 3};
+    CHECK(select_top_k(d, pos, {1, 1, 1, 1}, 2) == std::vector<int>{0, 2});
+    CHECK(select_top_k(d, pos, {0, 1, 1, 1}, 2) == std::vector<int>{2, 3});  // chunk 0 excluded
+}
