@@ -98,7 +98,7 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
     std::printf("question   : %s\n", text.question.c_str());
     std::printf("answer     : %s\n", answer.c_str());
     std::fflush(stdout);
-    return method_result_json(r, s, cfg, 1);
+    return method_result_json(r, s, cfg, r.ranks);
 }
 
 }  // namespace infoflow
