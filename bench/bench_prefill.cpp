@@ -98,6 +98,64 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "  n=%d threads=%d: %.1f ms\n", n, t, ms);
             }
         }
+        // Where the time goes: the layer's ops timed alone at the largest length, scaled to all
+        // layers (matmuls = the seven projections; attention = causal over n keys).
+        const int n_big = *std::max_element(lengths.begin(), lengths.end());
+        const int t_big = *std::max_element(threads.begin(), threads.end());
+        backend->set_threads(t_big);
+        {
+            const int E = c.n_embd, F = c.n_ff, qd = c.n_head * c.head_dim;
+            const int kd = c.n_head_kv * c.head_dim;
+            std::vector<float> x(size_t(n_big) * std::max(F, E), 0.01f);
+            std::vector<float> w(size_t(F) * E, 0.01f), o(size_t(n_big) * F);
+            auto time_ms = [&](auto&& fn) {
+                fn();
+                const auto t0 = std::chrono::steady_clock::now();
+                fn();
+                return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                                 t0)
+                    .count();
+            };
+            const double mm = time_ms([&] {
+                backend->matmul(x.data(), w.data(), nullptr, n_big, E, qd, o.data(), false);
+                backend->matmul(x.data(), w.data(), nullptr, n_big, E, kd, o.data(), false);
+                backend->matmul(x.data(), w.data(), nullptr, n_big, E, kd, o.data(), false);
+                backend->matmul(x.data(), w.data(), nullptr, n_big, qd, E, o.data(), false);
+                backend->matmul(x.data(), w.data(), nullptr, n_big, E, F, o.data(), false);
+                backend->matmul(x.data(), w.data(), nullptr, n_big, E, F, o.data(), false);
+                backend->matmul(x.data(), w.data(), nullptr, n_big, F, E, o.data(), false);
+            });
+            std::vector<float> q(size_t(n_big) * qd, 0.01f), k(size_t(n_big) * kd, 0.01f);
+            std::vector<float> ao(size_t(n_big) * qd);
+            std::vector<int32_t> pos(n_big);
+            for (int i = 0; i < n_big; ++i) pos[i] = i;
+            AttnParams ap;
+            ap.q = q.data();
+            ap.k = k.data();
+            ap.v = k.data();
+            ap.q_pos = pos.data();
+            ap.k_pos = pos.data();
+            ap.n_q = n_big;
+            ap.n_kv = n_big;
+            ap.n_head = c.n_head;
+            ap.n_head_kv = c.n_head_kv;
+            ap.head_dim = c.head_dim;
+            ap.out = ao.data();
+            const double at = time_ms([&] { backend->attention(ap); });
+            const double lin_flop = 2.0 * n_big * (double(E) * (qd + 2 * kd) + double(qd) * E +
+                                                   3.0 * E * F);
+            const double att_flop = 4.0 * c.n_head * c.head_dim * double(n_big) * n_big / 2;
+            std::printf("\nwhere the time goes at %d tokens, %d threads (one layer's ops alone):\n",
+                        n_big, t_big);
+            std::printf("  matmuls   %8.1f ms/layer  %6.1f GFLOP/s  x%d layers = %8.1f ms\n", mm,
+                        lin_flop / mm / 1e6, c.n_layer, mm * c.n_layer);
+            std::printf("  attention %8.1f ms/layer  %6.1f GFLOP/s  x%d layers = %8.1f ms\n", at,
+                        att_flop / at / 1e6, c.n_layer, at * c.n_layer);
+            std::printf("{\"bench\":\"prefill_ops\",\"tokens\":%d,\"threads\":%d,"
+                        "\"matmul_ms_per_layer\":%.3f,\"matmul_gflops\":%.2f,"
+                        "\"attention_ms_per_layer\":%.3f,\"attention_gflops\":%.2f}\n",
+                        n_big, t_big, mm, lin_flop / mm / 1e6, at, att_flop / at / 1e6);
+        }
         std::printf("\nCPU prefill throughput, %s (fp32, exact causal, logits of the last row)\n",
                     model_path.c_str());
         std::printf("%8s %8s %12s %12s\n", "tokens", "threads", "median ms", "tokens/s");
