@@ -24,6 +24,13 @@ struct ChunkKv {
 // prefill of the chunk at positions 0.. (how chunk 0 is computed).
 ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id);
 
+// Prefills several chunks independently, each as [sink] + chunk (the same result as
+// prefill_chunk on each), packing small chunks into one forward pass of up to `batch_tokens`
+// tokens with a block-diagonal visibility (one group per chunk): passages of a few dozen tokens
+// would otherwise run the model at tiny GEMM sizes.
+std::vector<ChunkKv> prefill_chunks(Model& model, const std::vector<std::vector<int32_t>>& chunks,
+                                    int32_t sink_id, int batch_tokens = 512);
+
 // Appends the chunks to `cache` in `order` (indices into `chunks`), token j of the result at
 // position target_pos[j] (one entry per appended token, in appended order) with visibility group
 // group[j] (nullptr: none). Only layers [0, n_layers) are filled (n_layers < 0: all).

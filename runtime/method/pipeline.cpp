@@ -101,8 +101,12 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
 
     // Phase 1: chunk prefill, chunk 0 exact (no sink), chunks >= 1 with the sink.
     std::vector<ChunkKv> chunks;
-    for (int i = 0; i < req.n_chunks(); ++i) {
-        chunks.push_back(prefill_chunk(model, req.chunks[i], i == 0 ? -1 : req.sink_id));
+    chunks.push_back(prefill_chunk(model, req.chunks[0], -1));
+    {
+        std::vector<ChunkKv> rest = prefill_chunks(
+            model, std::vector<std::vector<int32_t>>(req.chunks.begin() + 1, req.chunks.end()),
+            req.sink_id);
+        for (auto& ck : rest) chunks.push_back(std::move(ck));
     }
     clock.mark("chunk_prefill");
 

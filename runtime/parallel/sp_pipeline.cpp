@@ -304,11 +304,19 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
     sh.place = place_chunks(sizes, P);
     const int first_chunk = sh.place.first_chunk[rank];
     const int end_chunk = sh.place.end_chunk[rank];
+    std::vector<ChunkKv> own = prefill_chunks(
+        model,
+        std::vector<std::vector<int32_t>>(req.chunks.begin() + first_chunk,
+                                          req.chunks.begin() + end_chunk),
+        req.sink_id);
     for (int i = 0; i < req.n_chunks(); ++i) {
-        const int32_t sink = i == 0 ? -1 : req.sink_id;
-        const bool mine = i == 0 || (i >= first_chunk && i < end_chunk);
-        sh.chunks.push_back(mine ? prefill_chunk(model, req.chunks[i], sink)
-                                 : shadow_chunk(req.chunks[i], sink));
+        if (i == 0) {
+            sh.chunks.push_back(prefill_chunk(model, req.chunks[0], -1));
+        } else if (i >= first_chunk && i < end_chunk) {
+            sh.chunks.push_back(std::move(own[i - first_chunk]));
+        } else {
+            sh.chunks.push_back(shadow_chunk(req.chunks[i], req.sink_id));
+        }
     }
     std::vector<int> ident(sh.chunks.size());
     std::iota(ident.begin(), ident.end(), 0);
