@@ -20,21 +20,7 @@ namespace infoflow {
 
 namespace {
 
-enum : uint32_t {
-    kU8 = 0,
-    kI8 = 1,
-    kU16 = 2,
-    kI16 = 3,
-    kU32 = 4,
-    kI32 = 5,
-    kF32 = 6,
-    kBool = 7,
-    kString = 8,
-    kArray = 9,
-    kU64 = 10,
-    kI64 = 11,
-    kF64 = 12,
-};
+using namespace gguf_value;
 
 constexpr int kMaxArrayDepth = 8;
 // Total metadata array elements per file; real files hold under 1M (tokens, merges, types).

@@ -17,7 +17,26 @@ enum class GgmlType : uint32_t {
     I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, BF16 = 30,
 };
 
-const char* ggml_type_name(uint32_t type);  // "Q4_1", or "type 17" for unknown ids
+const char* ggml_type_name(uint32_t type);
+
+// GGUF metadata value type ids (FORMATS §2.1), shared by the reader and the writer.
+namespace gguf_value {
+enum : uint32_t {
+    kU8 = 0,
+    kI8 = 1,
+    kU16 = 2,
+    kI16 = 3,
+    kU32 = 4,
+    kI32 = 5,
+    kF32 = 6,
+    kBool = 7,
+    kString = 8,
+    kArray = 9,
+    kU64 = 10,
+    kI64 = 11,
+    kF64 = 12,
+};
+}  // namespace gguf_value  // "Q4_1", or "type 17" for unknown ids
 
 struct GgufTensorInfo {
     std::string name;

@@ -13,21 +13,7 @@ namespace infoflow {
 
 namespace {
 
-enum : uint32_t {
-    kU8 = 0,
-    kI8 = 1,
-    kU16 = 2,
-    kI16 = 3,
-    kU32 = 4,
-    kI32 = 5,
-    kF32 = 6,
-    kBool = 7,
-    kString = 8,
-    kArray = 9,
-    kU64 = 10,
-    kI64 = 11,
-    kF64 = 12,
-};
+using namespace gguf_value;
 
 template <typename T>
 void put(std::vector<uint8_t>& out, T v) {

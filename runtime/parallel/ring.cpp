@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "runtime/core/error.h"
+#include "runtime/parallel/phase_clock.h"
 #include "runtime/parallel/sp_pipeline.h"
 
 namespace infoflow {
@@ -30,7 +31,6 @@ std::vector<std::vector<int32_t>> ring_shards(int n, int n_ranks, bool zigzag) {
 
 MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cfg,
                       Communicator& comm, const std::vector<int32_t>& stop_ids) {
-    using Clock = std::chrono::steady_clock;
     const ModelConfig& c = model.config();
     Backend& be = model.backend();
     const int P = comm.size();
@@ -61,26 +61,8 @@ MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cf
                                               return a.size() < b.size();
                                           })->size();
 
-    auto phase_begin = [&](const std::string& name, CommStats* s0, Clock::time_point* t0) {
-        comm.set_phase(name);
-        *s0 = comm.stats(name);
-        *t0 = Clock::now();
-    };
-    auto phase_end = [&](const std::string& name, const CommStats& s0, Clock::time_point t0) {
-        const CommStats s = comm.stats(name);
-        PhaseTime p;
-        p.name = name;
-        p.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        p.bytes_sent = s.bytes_sent - s0.bytes_sent;
-        p.bytes_recv = s.bytes_recv - s0.bytes_recv;
-        p.wait_ms = s.wait_ms - s0.wait_ms;
-        r.phases.push_back(p);
-        comm.set_phase("other");
-    };
-
-    CommStats s0;
-    Clock::time_point t0;
-    phase_begin("ring_prefill", &s0, &t0);
+    SpClock clock(comm, r.phases);
+    clock.begin("ring_prefill");
     KvCache cache = model.make_cache(n + max_new);
     cache.append(n, mine.data(), nullptr);
     std::vector<int32_t> toks(n);
@@ -179,12 +161,12 @@ MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cf
         model.logits(h.data() + size_t(n - 1) * c.n_embd, 1, lg.data());
         be.download(r.first_logits.data(), lg.data(), r.first_logits.size() * sizeof(float));
     }
-    phase_end("ring_prefill", s0, t0);
+    clock.end();
     r.ttft_ms = r.phases.back().ms;
-    phase_begin("decode", &s0, &t0);
+    clock.begin("decode");
     r.answer = generate_replicated(model, comm, cache, 0, r.first_logits, N, cfg, stop_ids,
                                    &r.stopped);
-    phase_end("decode", s0, t0);
+    clock.end();
     gather_phases(comm, r);
     return r;
 }

@@ -13,42 +13,11 @@
 #include "runtime/model/generate.h"
 #include "runtime/model/sampling.h"
 #include "runtime/parallel/dist_attention.h"
+#include "runtime/parallel/phase_clock.h"
 #include "runtime/method/placement.h"
 
 namespace infoflow {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// Times phases and takes this rank's communication in each from the communicator (§5.5).
-class SpClock {
-public:
-    SpClock(Communicator& comm, std::vector<PhaseTime>& out) : comm_(comm), out_(out) {}
-    void begin(const std::string& name) {
-        name_ = name;
-        comm_.set_phase(name);
-        start_ = comm_.stats(name);
-        t0_ = Clock::now();
-    }
-    void end() {
-        const CommStats s = comm_.stats(name_);
-        PhaseTime p;
-        p.name = name_;
-        p.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
-        p.bytes_sent = s.bytes_sent - start_.bytes_sent;
-        p.bytes_recv = s.bytes_recv - start_.bytes_recv;
-        p.wait_ms = s.wait_ms - start_.wait_ms;
-        out_.push_back(p);
-        comm_.set_phase("other");
-    }
-
-private:
-    Communicator& comm_;
-    std::vector<PhaseTime>& out_;
-    std::string name_;
-    CommStats start_;
-    Clock::time_point t0_;
-};
 
 // A chunk this rank does not hold: sizes and local positions only (for layouts).
 ChunkKv shadow_chunk(const std::vector<int32_t>& tokens, int32_t sink_id) {

@@ -23,34 +23,13 @@
 #include "runtime/formats/gguf_writer.h"
 #include "runtime/model/model_loader.h"
 
+#include "tests/test_util.h"
+
 using namespace infoflow;
 
 namespace {
 
-// A fresh temp directory (tmpfs when present: the fuzz loops write thousands of small files),
-// removed when the test binary exits.
-struct TempDir {
-    std::string path;
-    TempDir() {
-        for (std::string base : {"/dev/shm", "/tmp"}) {
-            std::string tmpl = base + "/infoflow_test_loader_XXXXXX";
-            if (mkdtemp(&tmpl[0])) {
-                path = tmpl;
-                return;
-            }
-        }
-    }
-    ~TempDir() {
-        std::error_code ec;
-        if (!path.empty()) std::filesystem::remove_all(path, ec);
-    }
-};
-
-const std::string& tmp_dir() {
-    static TempDir dir;
-    REQUIRE_FALSE(dir.path.empty());
-    return dir.path;
-}
+const std::string& tmp_dir() { return test::shared_temp_dir("loader"); }
 
 std::string read_text(const std::string& p) {
     std::ifstream in(p);
