@@ -316,6 +316,16 @@ void Communicator::set_phase(const std::string& phase) {
     IF_CHECK(valid_phase_name(phase),
              "bad communication phase name '" << phase << "' (non-empty, no control characters)");
     phase_ = phase;
+    // Fault injection for the end-to-end fault tests: INFOFLOW_INJECT_FAULT="RANK:PHASE" makes
+    // that rank fail as it enters that phase, while the others go on into its collectives.
+    if (const char* spec = std::getenv("INFOFLOW_INJECT_FAULT")) {
+        const std::string s(spec);
+        const size_t colon = s.find(':');
+        if (colon != std::string::npos && s.substr(colon + 1) == phase &&
+            std::atoi(s.substr(0, colon).c_str()) == rank_) {
+            IF_FAIL("injected fault on rank " << rank_ << " entering phase '" << phase << "'");
+        }
+    }
 }
 
 std::vector<PhaseStats> Communicator::stats() const {

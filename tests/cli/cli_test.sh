@@ -7,6 +7,8 @@
 #                    moved reported per rank
 #       configdiff - ranks started with different configs stop at start-up with an error
 #                    naming the differing rank (no hang)
+#       fault      - a rank that fails mid-run stops every rank (MPI_Abort) within 30 s with a
+#                    message naming the failing rank
 #       badkey     - an unknown config key is an error naming the key and file:line
 set -uo pipefail
 bin="$1"; mpiexec="$2"; case_name="$3"
@@ -66,6 +68,21 @@ configdiff)
     [ "$rc" -ne 124 ] || fail "job hung"
     grep -q "rank 1 differs from rank 0" "$tmp/out.txt" || fail "error does not name rank 1"
     echo "ok: rejected in $(( $(date +%s) - start )) s"
+    ;;
+fault)
+    # Rank 1 fails as it enters scoring while rank 0 waits in the scoring collectives.
+    start=$(date +%s)
+    INFOFLOW_INJECT_FAULT="1:scoring" timeout 60 "$mpiexec" -n 2 --oversubscribe \
+        -x INFOFLOW_INJECT_FAULT "$bin" --config configs/demo.toml --set model.threads=1 \
+        > "$tmp/out.txt" 2>&1
+    rc=$?
+    took=$(( $(date +%s) - start ))
+    cat "$tmp/out.txt"
+    [ "$rc" -ne 0 ] || fail "the job succeeded despite the fault"
+    [ "$rc" -ne 124 ] || fail "job hung"
+    [ "$took" -le 30 ] || fail "took $took s to stop"
+    grep -q "\[rank 1/2\] error: injected fault on rank 1" "$tmp/out.txt" || fail "no rank-tagged message"
+    echo "ok: every rank stopped in $took s"
     ;;
 badkey)
     printf 'job = "answer"\n[method]\nrato = 0.2\n' > "$tmp/bad.toml"
