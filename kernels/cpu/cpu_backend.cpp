@@ -88,24 +88,36 @@ public:
     void matmul(const float* x, const float* w, const float* bias, int n, int k, int m, float* out,
                 bool accumulate) override {
         if (n == 0 || m == 0) return;
-        // Split the output columns over threads; each thread runs one BLAS call on its slice.
-        const int n_slices = std::max(1, std::min(n_threads_, (m + 63) / 64));
-        const int per = ((m + n_slices - 1) / n_slices + 15) / 16 * 16;
+        const float beta = accumulate ? 1.0f : 0.0f;
+        // Each thread runs one single-threaded BLAS call on its slice: rows of x when there are
+        // enough of them (every call keeps the whole, wide weight matrix: the efficient shape),
+        // else columns of the output (decode, small batches).
+        const bool split_rows = n >= 64 * n_threads_ && m >= 256;
+        const int n_slices = split_rows ? n_threads_
+                                        : std::max(1, std::min(n_threads_, (m + 63) / 64));
 #pragma omp parallel for schedule(static) num_threads(n_slices)
         for (int s = 0; s < n_slices; ++s) {
-            const int m0 = s * per;
-            const int m1 = std::min(m, m0 + per);
-            if (m0 >= m1) continue;
-            const float beta = accumulate ? 1.0f : 0.0f;
-            if (n == 1) {
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, m1 - m0, k, 1.0f, w + size_t(m0) * k, k,
-                            x, 1, beta, out + m0, 1);
+            int r0 = 0, r1 = n, m0 = 0, m1 = m;
+            if (split_rows) {
+                r0 = int(int64_t(n) * s / n_slices);
+                r1 = int(int64_t(n) * (s + 1) / n_slices);
             } else {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m1 - m0, k, 1.0f, x, k,
-                            w + size_t(m0) * k, k, beta, out + m0, m);
+                const int per = ((m + n_slices - 1) / n_slices + 15) / 16 * 16;
+                m0 = std::min(m, s * per);
+                m1 = std::min(m, m0 + per);
+            }
+            if (r0 >= r1 || m0 >= m1) continue;
+            const float* xs = x + size_t(r0) * k;
+            float* os = out + size_t(r0) * m;
+            if (r1 - r0 == 1) {
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, m1 - m0, k, 1.0f, w + size_t(m0) * k, k,
+                            xs, 1, beta, os + m0, 1);
+            } else {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, m1 - m0, k, 1.0f, xs,
+                            k, w + size_t(m0) * k, k, beta, os + m0, m);
             }
             if (bias) {
-                for (int i = 0; i < n; ++i) {
+                for (int i = r0; i < r1; ++i) {
                     float* o = out + size_t(i) * m;
                     for (int j = m0; j < m1; ++j) o[j] += bias[j];
                 }

@@ -10,6 +10,21 @@ Model::Model(Backend& backend, const ModelWeights& weights) : backend_(backend),
     weights_.validate();
     host_weights_ = backend_.name() == "cpu";
     inv_freq_host_ = rope_inv_freq(config());
+    for (const LayerWeights& lw : weights_.layers) {
+        std::vector<float> w;
+        w.reserve(lw.wq.size() + lw.wk.size() + lw.wv.size());
+        w.insert(w.end(), lw.wq.begin(), lw.wq.end());
+        w.insert(w.end(), lw.wk.begin(), lw.wk.end());
+        w.insert(w.end(), lw.wv.begin(), lw.wv.end());
+        wqkv_.push_back(std::move(w));
+        std::vector<float> b;
+        if (!lw.bq.empty()) {
+            b.insert(b.end(), lw.bq.begin(), lw.bq.end());
+            b.insert(b.end(), lw.bk.begin(), lw.bk.end());
+            b.insert(b.end(), lw.bv.begin(), lw.bv.end());
+        }
+        bqkv_.push_back(std::move(b));
+    }
     inv_freq_ = backend_.alloc_floats(inv_freq_host_.size());
     backend_.upload(inv_freq_.data(), inv_freq_host_.data(), inv_freq_host_.size() * sizeof(float));
 }
@@ -33,6 +48,7 @@ void Model::ensure_scratch(int n) {
     s_.lse = backend_.alloc_floats(size_t(n) * c.n_head);
     s_.gate = backend_.alloc_floats(size_t(n) * c.n_ff);
     s_.up = backend_.alloc_floats(size_t(n) * c.n_ff);
+    s_.qkv = backend_.alloc_floats(size_t(n) * (qd + 2 * kd));
     s_.n = n;
 }
 
@@ -50,9 +66,20 @@ void Model::qkv(int l, const float* xn, int n, const int32_t* pos, float* q, flo
     const LayerWeights& lw = weights_.layers[l];
     const int qd = c.n_head * c.head_dim;
     const int kd = c.n_head_kv * c.head_dim;
-    if (q) backend_.matmul(xn, w(lw.wq), w(lw.bq), n, c.n_embd, qd, q, false);
-    backend_.matmul(xn, w(lw.wk), w(lw.bk), n, c.n_embd, kd, k, false);
-    backend_.matmul(xn, w(lw.wv), w(lw.bv), n, c.n_embd, kd, v, false);
+    if (q) {
+        const int all = qd + 2 * kd;
+        float* t = s_.qkv.data();
+        backend_.matmul(xn, w(wqkv_[l]), w(bqkv_[l]), n, c.n_embd, all, t, false);
+        for (int i = 0; i < n; ++i) {
+            const float* row = t + size_t(i) * all;
+            backend_.copy(q + size_t(i) * qd, row, qd * sizeof(float));
+            backend_.copy(k + size_t(i) * kd, row + qd, kd * sizeof(float));
+            backend_.copy(v + size_t(i) * kd, row + qd + kd, kd * sizeof(float));
+        }
+    } else {
+        backend_.matmul(xn, w(lw.wk), w(lw.bk), n, c.n_embd, kd, k, false);
+        backend_.matmul(xn, w(lw.wv), w(lw.bv), n, c.n_embd, kd, v, false);
+    }
     if (c.has_qk_norm) {
         if (q) backend_.rms_norm(q, w(lw.q_norm), n * c.n_head, c.head_dim, c.rms_eps, q);
         backend_.rms_norm(k, w(lw.k_norm), n * c.n_head_kv, c.head_dim, c.rms_eps, k);

@@ -76,7 +76,7 @@ public:
 private:
     struct Scratch {
         int n = 0;
-        Buffer xn, q, k, v, attn, lse, gate, up;
+        Buffer xn, q, k, v, attn, lse, gate, up, qkv;
     };
     void ensure_scratch(int n);
     void qkv(int l, const float* xn, int n, const int32_t* pos, float* q, float* k, float* v);
@@ -86,6 +86,9 @@ private:
     const ModelWeights& weights_;
     bool host_weights_ = true;
     std::vector<Buffer> uploaded_;
+    // Per layer: wq, wk, wv stacked into one [(n_head + 2*n_head_kv)*head_dim, n_embd] matrix
+    // (and their biases), so the three projections run as one wide GEMM.
+    std::vector<std::vector<float>> wqkv_, bqkv_;
     std::vector<float> inv_freq_host_;
     Buffer inv_freq_;
     Buffer pos_buf_;
