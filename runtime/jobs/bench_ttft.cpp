@@ -1,6 +1,7 @@
 // job = "bench-ttft" (DESIGN §10): time to first token for each context length and method on
 // the job's ranks, in the layout of the paper's Table 5: single-rank full prefill (rank 0 alone,
-// the other ranks idle), ring attention (zigzag, contiguous, all-gather), InfoFlow ("kv" and
+// the other ranks idle), ring attention (zigzag and contiguous p2p; plus the all-gather variant
+// when ring.exchange = "allgather"), InfoFlow ("kv" and
 // "exact" exchange). Warm-up runs, then the median of bench.runs; bytes moved per rank per layer
 // and the phase breakdown. Requests are synthetic token ids (speed does not depend on them);
 // chunking follows [chunking] (fixed chunks of chunking.size, or one chunk per rank when unset).
@@ -80,9 +81,11 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                 c.ring.exchange = Config::RingExchange::p2p;
                 variants.push_back({std::string("ring/") + to_string(layout), c});
             }
-            c.ring.layout = Config::RingLayout::zigzag;
-            c.ring.exchange = Config::RingExchange::allgather;
-            variants.push_back({"ring/allgather", c});
+            if (base.ring.exchange == Config::RingExchange::allgather) {
+                c.ring.layout = Config::RingLayout::zigzag;
+                c.ring.exchange = Config::RingExchange::allgather;
+                variants.push_back({"ring/allgather", c});
+            }
         } else if (m == Config::Method::full) {
             variants.push_back({"single", c});
         } else if (P > 1) {
