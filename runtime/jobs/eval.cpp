@@ -35,9 +35,8 @@ std::string fmt(const char* f, double x) {
     return buf;
 }
 
-struct LabelStats {
-    int runs = 0, top1 = 0, exact = 0;
-    double f1 = 0.0, kl = 0.0, selected = 0.0, ttft = 0.0;
+struct LabelStats : RunTotals {
+    double f1 = 0.0;
 };
 
 // Drops passages from the middle until the counted tokens fit `budget`; returns how many went.
@@ -152,11 +151,9 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
             const MethodVariant& v = variants[vi];
             MethodResult r = run_method(*s.model, req, variant_config(cfg, v), tok.stop_ids());
             if (vi == 0) ref = r;  // variants[0] is full
-            const FirstTokenComparison cmp = compare_first_token(ref.first_logits, r.first_logits);
+            const RunComparison cmp = compare_runs(ref, r, T);
             const std::string answer = tok.decode(r.answer);
             const double f1 = qa_f1_max(answer, sample.answers);
-            const bool exact = r.answer == ref.answer;
-            const double sel = T ? double(r.selected_positions.size()) / T : 0.0;
 
             json row;
             row["index"] = si;
@@ -172,24 +169,12 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
             row["answer_ids"] = r.answer;
             row["answers"] = sample.answers;
             row["f1"] = f1;
-            row["top1_id"] = cmp.top1;
-            row["top1_agree"] = cmp.top1_agree;
-            row["kl"] = cmp.kl;
-            row["exact_match"] = exact;
-            row["selected"] = r.selected_positions.size();
-            row["selected_fraction"] = sel;
-            row["ttft_ms"] = r.ttft_ms;
-            row["phases"] = phases_json(r.phases);
+            put_comparison(row, r, cmp);
             rows.push_back(row);
 
             LabelStats& st = stats[v.label];
-            ++st.runs;
+            st.add(r, cmp);
             st.f1 += f1;
-            st.top1 += cmp.top1_agree;
-            st.exact += exact;
-            st.kl += cmp.kl;
-            st.selected += sel;
-            st.ttft += r.ttft_ms;
 
             ++done;
             std::printf(

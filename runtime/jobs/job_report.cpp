@@ -1,5 +1,7 @@
 #include "runtime/jobs/job_report.h"
 
+#include "runtime/jobs/qa_metrics.h"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -160,6 +162,38 @@ void print_table(const std::vector<std::string>& header,
     std::printf("%s\n", std::string(total + 2 * (w.empty() ? 0 : w.size() - 1), '-').c_str());
     for (const auto& r : rows) line(r);
     std::fflush(stdout);
+}
+
+RunComparison compare_runs(const MethodResult& ref, const MethodResult& r, int context_tokens) {
+    const FirstTokenComparison cmp = compare_first_token(ref.first_logits, r.first_logits);
+    RunComparison c;
+    c.top1_id = cmp.top1;
+    c.top1_agree = cmp.top1_agree;
+    c.kl = cmp.kl;
+    c.exact = r.answer == ref.answer;
+    c.selected_fraction =
+        context_tokens ? double(r.selected_positions.size()) / context_tokens : 0.0;
+    return c;
+}
+
+void put_comparison(nlohmann::json& row, const MethodResult& r, const RunComparison& c) {
+    row["top1_id"] = c.top1_id;
+    row["top1_agree"] = c.top1_agree;
+    row["kl"] = c.kl;
+    row["exact_match"] = c.exact;
+    row["selected"] = r.selected_positions.size();
+    row["selected_fraction"] = c.selected_fraction;
+    row["ttft_ms"] = r.ttft_ms;
+    row["phases"] = phases_json(r.phases);
+}
+
+void RunTotals::add(const MethodResult& r, const RunComparison& c) {
+    ++runs;
+    top1 += c.top1_agree;
+    exact += c.exact;
+    kl += c.kl;
+    selected += c.selected_fraction;
+    ttft += r.ttft_ms;
 }
 
 }  // namespace infoflow

@@ -36,6 +36,24 @@ Config variant_config(const Config& cfg, const MethodVariant& v);
 // The phases of a run as {"name": ms, ...}.
 nlohmann::json phases_json(const std::vector<PhaseTime>& phases);
 
+// A run compared with the reference run of its case: the fields every niah/eval row carries
+// (top1_id, top1_agree, kl, exact_match, selected, selected_fraction, ttft_ms, phases) and their
+// running totals per method label.
+struct RunComparison {
+    int top1_id = -1;
+    bool top1_agree = false;
+    double kl = 0.0;
+    bool exact = false;        // greedy answer ids equal to the reference's
+    double selected_fraction = 0.0;
+};
+RunComparison compare_runs(const MethodResult& ref, const MethodResult& r, int context_tokens);
+void put_comparison(nlohmann::json& row, const MethodResult& r, const RunComparison& c);
+struct RunTotals {
+    int runs = 0, top1 = 0, exact = 0;
+    double kl = 0.0, selected = 0.0, ttft = 0.0;
+    void add(const MethodResult& r, const RunComparison& c);
+};
+
 // Rows as CSV: a header, then one line per row. `columns` come first in the given order; object
 // values (e.g. "phases") become one column per key, "<key>.<name>", over the union of the rows'
 // keys; arrays are written as JSON text. Fields are quoted when they need it (RFC 4180).

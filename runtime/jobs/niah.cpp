@@ -37,9 +37,9 @@ std::string fmt(const char* f, double x) {
     return buf;
 }
 
-struct LabelStats {
-    int runs = 0, correct = 0, top1 = 0, exact = 0;
-    double kl = 0.0, selected = 0.0, ttft = 0.0, needle = 0.0;
+struct LabelStats : RunTotals {
+    int correct = 0;
+    double needle = 0.0;
 };
 
 // Fraction of the needle's tokens (context positions [begin, end) in the original chunk order)
@@ -138,12 +138,11 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
                 const MethodVariant& v = variants[vi];
                 MethodResult r = run_method(*s.model, req, variant_config(cfg, v), tok.stop_ids());
                 if (vi == 0) ref = r;  // variants[0] is full
-                const FirstTokenComparison cmp =
-                    compare_first_token(ref.first_logits, r.first_logits);
+                const RunComparison cmp = compare_runs(ref, r, T);
                 const std::string answer = tok.decode(r.answer);
                 const bool correct = answer.find(nc.answer) != std::string::npos;
-                const bool exact = r.answer == ref.answer;
-                const double sel = T ? double(r.selected_positions.size()) / T : 0.0;
+                const bool exact = cmp.exact;
+                const double sel = cmp.selected_fraction;
                 const int needle_begin = prefix_tokens + h.needle_offset;
                 const double recall =
                     needle_recall(req, r, needle_begin, needle_begin + h.needle_tokens);
@@ -165,25 +164,13 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
                 row["answer"] = answer;
                 row["answer_ids"] = r.answer;
                 row["correct"] = correct;
-                row["top1_id"] = cmp.top1;
-                row["top1_agree"] = cmp.top1_agree;
-                row["kl"] = cmp.kl;
-                row["exact_match"] = exact;
-                row["selected"] = r.selected_positions.size();
-                row["selected_fraction"] = sel;
+                put_comparison(row, r, cmp);
                 row["needle_recall"] = recall;
-                row["ttft_ms"] = r.ttft_ms;
-                row["phases"] = phases_json(r.phases);
                 rows.push_back(row);
 
                 LabelStats& st = stats[v.label];
-                ++st.runs;
+                st.add(r, cmp);
                 st.correct += correct;
-                st.top1 += cmp.top1_agree;
-                st.exact += exact;
-                st.kl += cmp.kl;
-                st.selected += sel;
-                st.ttft += r.ttft_ms;
                 st.needle += recall;
 
                 ++done;
