@@ -35,7 +35,8 @@ PreparedRequest synthetic_request(int tokens, int n_vocab, const Config& cfg, in
     PreparedRequest r;
     r.chunks.emplace_back();
     for (int i = 0; i < prefix; ++i) r.chunks[0].push_back(tok());
-    const int ctx = std::max(1, tokens - prefix);
+    // `tokens` is the whole prompt (chat prefix + context + suffix), as the paper counts it.
+    const int ctx = std::max(1, tokens - prefix - suffix);
     int size;
     if (cfg.chunking.mode == Config::ChunkMode::fixed && !cfg.chunking.size) {
         size = (ctx + ranks - 1) / ranks;  // one chunk per rank (DESIGN §5.1)
@@ -137,7 +138,8 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             if (v.label == "ring/zigzag") ring_ms = med;
             json row = {{"bench", "ttft"},
                         {"model", s.weights->source},
-                        {"tokens", req.context_tokens()},
+                        {"tokens", req.context_tokens() + int(req.suffix.size())},
+                        {"context_tokens", req.context_tokens()},
                         {"method", v.label},
                         {"ranks", v.label == "single" ? 1 : P},
                         {"threads_per_rank", threads},
@@ -151,7 +153,8 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             row["phases_ms"] = phases;
             rows.push_back(row);
             if (root) {
-                std::printf("  %6d tokens  %-16s %10.1f ms\n", req.context_tokens(),
+                std::printf("  %6d tokens  %-16s %10.1f ms\n",
+                            req.context_tokens() + int(req.suffix.size()),
                             v.label.c_str(), med);
                 std::fflush(stdout);
             }

@@ -1,5 +1,6 @@
 #include "runtime/method/pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <numeric>
 
@@ -46,14 +47,15 @@ GenerateOptions generate_options(const Config& cfg, const std::vector<int32_t>& 
 }
 
 void check_positions(const Model& model, int T, int Q, int max_new) {
+    // The first answer token comes from the last prompt position; each further one needs a
+    // position of its own.
     const int n_ctx = model.config().n_ctx_train;
-    IF_CHECK(T + Q + max_new <= n_ctx, "the request needs " << T + Q + max_new
-                                                            << " positions (context " << T
-                                                            << " + suffix " << Q
-                                                            << " + decode.max_new_tokens "
-                                                            << max_new << ") but the model ("
-                                                            << model.weights().source
-                                                            << ") has " << n_ctx);
+    const int need = T + Q + std::max(0, max_new - 1);
+    IF_CHECK(need <= n_ctx, "the request needs " << need << " positions (context " << T
+                                                 << " + suffix " << Q
+                                                 << " + decode.max_new_tokens - 1 = "
+                                                 << std::max(0, max_new - 1) << ") but the model ("
+                                                 << model.weights().source << ") has " << n_ctx);
 }
 
 }  // namespace

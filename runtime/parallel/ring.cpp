@@ -45,8 +45,8 @@ MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cf
     const std::vector<int32_t> seq = req.full_sequence();
     const int N = int(seq.size());
     const int max_new = cfg.decode.max_new_tokens;
-    IF_CHECK(N + max_new <= c.n_ctx_train,
-             "the request needs " << N + max_new << " positions but the model has "
+    IF_CHECK(N + std::max(0, max_new - 1) <= c.n_ctx_train,
+             "the request needs " << N + std::max(0, max_new - 1) << " positions but the model has "
                                   << c.n_ctx_train);
     r.chunk_order.resize(req.n_chunks());
     for (int i = 0; i < req.n_chunks(); ++i) r.chunk_order[i] = i;
