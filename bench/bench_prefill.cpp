@@ -52,14 +52,20 @@ int main(int argc, char** argv) {
             }
             return argv[++i];
         };
-        if (a == "--model") model_path = next();
-        else if (a == "--lengths") lengths = parse_list(next());
-        else if (a == "--threads") threads = parse_list(next());
-        else if (a == "--runs") runs = std::stoi(next());
-        else if (a == "--warmup") warmup = std::stoi(next());
+        if (a == "--model")
+            model_path = next();
+        else if (a == "--lengths")
+            lengths = parse_list(next());
+        else if (a == "--threads")
+            threads = parse_list(next());
+        else if (a == "--runs")
+            runs = std::stoi(next());
+        else if (a == "--warmup")
+            warmup = std::stoi(next());
         else {
-            std::fprintf(stderr, "usage: bench_prefill [--model PATH] [--lengths a,b] "
-                                 "[--threads a,b] [--runs N] [--warmup N]\n");
+            std::fprintf(stderr,
+                         "usage: bench_prefill [--model PATH] [--lengths a,b] "
+                         "[--threads a,b] [--runs N] [--warmup N]\n");
             return 2;
         }
     }
@@ -142,8 +148,8 @@ int main(int argc, char** argv) {
             ap.head_dim = c.head_dim;
             ap.out = ao.data();
             const double at = time_ms([&] { backend->attention(ap); });
-            const double lin_flop = 2.0 * n_big * (double(E) * (qd + 2 * kd) + double(qd) * E +
-                                                   3.0 * E * F);
+            const double lin_flop =
+                2.0 * n_big * (double(E) * (qd + 2 * kd) + double(qd) * E + 3.0 * E * F);
             const double att_flop = 4.0 * c.n_head * c.head_dim * double(n_big) * n_big / 2;
             std::printf("\nwhere the time goes at %d tokens, %d threads (one layer's ops alone):\n",
                         n_big, t_big);
@@ -151,10 +157,11 @@ int main(int argc, char** argv) {
                         lin_flop / mm / 1e6, c.n_layer, mm * c.n_layer);
             std::printf("  attention %8.1f ms/layer  %6.1f GFLOP/s  x%d layers = %8.1f ms\n", at,
                         att_flop / at / 1e6, c.n_layer, at * c.n_layer);
-            std::printf("{\"bench\":\"prefill_ops\",\"tokens\":%d,\"threads\":%d,"
-                        "\"matmul_ms_per_layer\":%.3f,\"matmul_gflops\":%.2f,"
-                        "\"attention_ms_per_layer\":%.3f,\"attention_gflops\":%.2f}\n",
-                        n_big, t_big, mm, lin_flop / mm / 1e6, at, att_flop / at / 1e6);
+            std::printf(
+                "{\"bench\":\"prefill_ops\",\"tokens\":%d,\"threads\":%d,"
+                "\"matmul_ms_per_layer\":%.3f,\"matmul_gflops\":%.2f,"
+                "\"attention_ms_per_layer\":%.3f,\"attention_gflops\":%.2f}\n",
+                n_big, t_big, mm, lin_flop / mm / 1e6, at, att_flop / at / 1e6);
         }
         std::printf("\nCPU prefill throughput, %s (fp32, exact causal, logits of the last row)\n",
                     model_path.c_str());
@@ -163,9 +170,10 @@ int main(int argc, char** argv) {
             std::printf("%8d %8d %12.1f %12.1f\n", r.n, r.threads, r.ms, r.tok_s);
         }
         for (const Row& r : rows) {
-            std::printf("{\"bench\":\"prefill\",\"model\":\"%s\",\"tokens\":%d,\"threads\":%d,"
-                        "\"runs\":%d,\"median_ms\":%.3f,\"tokens_per_s\":%.2f}\n",
-                        model_path.c_str(), r.n, r.threads, runs, r.ms, r.tok_s);
+            std::printf(
+                "{\"bench\":\"prefill\",\"model\":\"%s\",\"tokens\":%d,\"threads\":%d,"
+                "\"runs\":%d,\"median_ms\":%.3f,\"tokens_per_s\":%.2f}\n",
+                model_path.c_str(), r.n, r.threads, runs, r.ms, r.tok_s);
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

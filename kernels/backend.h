@@ -16,7 +16,7 @@ class Backend;
 
 // Move-only owned buffer of floats (or ints, via `as_int`) in a backend's memory.
 class Buffer {
-public:
+  public:
     Buffer() = default;
     Buffer(Backend* owner, void* ptr, size_t bytes) : owner_(owner), ptr_(ptr), bytes_(bytes) {}
     ~Buffer();
@@ -36,7 +36,7 @@ public:
     size_t bytes() const { return bytes_; }
     bool empty() const { return ptr_ == nullptr; }
 
-private:
+  private:
     void swap(Buffer& o) noexcept {
         std::swap(owner_, o.owner_);
         std::swap(ptr_, o.ptr_);
@@ -53,9 +53,9 @@ private:
 // DESIGN §5.2 (a negative key group = visible to every query). GQA: query head h reads KV head
 // h / (n_head / n_head_kv). A query with no visible key gets out = 0 and lse = -inf.
 struct AttnParams {
-    const float* q = nullptr;      // [n_q, n_head, head_dim]
-    const float* k = nullptr;      // [n_kv, kv_stride] (kv head hk at offset hk*head_dim)
-    const float* v = nullptr;      // [n_kv, kv_stride]
+    const float* q = nullptr;          // [n_q, n_head, head_dim]
+    const float* k = nullptr;          // [n_kv, kv_stride] (kv head hk at offset hk*head_dim)
+    const float* v = nullptr;          // [n_kv, kv_stride]
     const int32_t* q_pos = nullptr;    // [n_q]
     const int32_t* k_pos = nullptr;    // [n_kv]
     const int32_t* q_group = nullptr;  // [n_q] or nullptr
@@ -65,8 +65,8 @@ struct AttnParams {
     int n_head = 0;
     int n_head_kv = 0;
     int head_dim = 0;
-    int kv_stride = 0;  // floats between consecutive tokens of k and v; 0 = n_head_kv*head_dim
-    float scale = 0.0f;  // 0 = 1/sqrt(head_dim)
+    int kv_stride = 0;     // floats between consecutive tokens of k and v; 0 = n_head_kv*head_dim
+    float scale = 0.0f;    // 0 = 1/sqrt(head_dim)
     float* out = nullptr;  // [n_q, n_head, head_dim]
     float* lse = nullptr;  // [n_q, n_head] natural log; optional
 };
@@ -98,7 +98,7 @@ struct ScoreParams {
 };
 
 class Backend {
-public:
+  public:
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
     virtual void set_threads(int n_threads) = 0;
@@ -114,8 +114,8 @@ public:
 
     // ---- ops ----
     // out[i, :] = table[ids[i], :]
-    virtual void embed(const float* table /*[n_vocab, n_embd]*/, const int32_t* ids /*[n]*/,
-                       int n, int n_embd, float* out /*[n, n_embd]*/) = 0;
+    virtual void embed(const float* table /*[n_vocab, n_embd]*/, const int32_t* ids /*[n]*/, int n,
+                       int n_embd, float* out /*[n, n_embd]*/) = 0;
     // out = x * rsqrt(mean(x^2) + eps) * w, per row; out may alias x.
     virtual void rms_norm(const float* x /*[n, d]*/, const float* w /*[d]*/, int n, int d,
                           float eps, float* out /*[n, d]*/) = 0;

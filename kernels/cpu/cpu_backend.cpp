@@ -17,8 +17,8 @@
 namespace infoflow {
 namespace {
 
-constexpr int kAttnQueryBlock = 64;   // query tokens per attention task
-constexpr int kAttnKeyBlock = 512;    // keys per online-softmax step
+constexpr int kAttnQueryBlock = 64;  // query tokens per attention task
+constexpr int kAttnKeyBlock = 512;   // keys per online-softmax step
 
 // Sets the scores of keys invisible to a query (position qp, group qg) to -inf (AttnParams).
 inline void mask_row(float* s, const int32_t* k_pos, const int32_t* k_group, int n, int32_t qp,
@@ -34,7 +34,7 @@ inline void mask_row(float* s, const int32_t* k_pos, const int32_t* k_group, int
 }
 
 class CpuBackend final : public Backend {
-public:
+  public:
     explicit CpuBackend(int n_threads) { set_threads(n_threads); }
 
     std::string name() const override { return "cpu"; }
@@ -93,8 +93,8 @@ public:
         // enough of them (every call keeps the whole, wide weight matrix: the efficient shape),
         // else columns of the output (decode, small batches).
         const bool split_rows = n >= 64 * n_threads_ && m >= 256;
-        const int n_slices = split_rows ? n_threads_
-                                        : std::max(1, std::min(n_threads_, (m + 63) / 64));
+        const int n_slices =
+            split_rows ? n_threads_ : std::max(1, std::min(n_threads_, (m + 63) / 64));
 #pragma omp parallel for schedule(static) num_threads(n_slices)
         for (int s = 0; s < n_slices; ++s) {
             int r0 = 0, r1 = n, m0 = 0, m1 = m;
@@ -190,7 +190,7 @@ public:
         }
     }
 
-private:
+  private:
     // cos/sin of pos[t] * inv_freq[i] (fp32 angle, as HF computes it), [n, 2, half]. The table
     // of the previous call is reused when positions and frequencies are the same: a forward
     // step rotates q and k of every layer at one set of positions.
@@ -299,8 +299,9 @@ void CpuBackend::attention(const AttnParams& p) {
                     for (int gi = 0; gi < g; ++gi) {
                         const int r = t * g + gi;
                         float* sr = s.data() + size_t(r) * nk;
-                        if (masked) mask_row(sr, p.k_pos + j0, p.k_group ? p.k_group + j0 : nullptr,
-                                             nk, qp, qg);
+                        if (masked)
+                            mask_row(sr, p.k_pos + j0, p.k_group ? p.k_group + j0 : nullptr, nk, qp,
+                                     qg);
                         const float mx = cpu::max_of(sr, nk);
                         if (mx == -INFINITY) {
                             std::fill(sr, sr + nk, 0.0f);
@@ -399,8 +400,8 @@ void CpuBackend::attention_scores(const ScoreParams& p) {
                             const float lse = p.lse[size_t(t0 + t) * H + hk * g + gi];
                             if (lse == -INFINITY) continue;
                             float* sr = s.data() + size_t(t * g + gi) * nk;
-                            mask_row(sr, p.k_pos + j0, p.k_group ? p.k_group + j0 : nullptr, nk,
-                                     qp, qg);
+                            mask_row(sr, p.k_pos + j0, p.k_group ? p.k_group + j0 : nullptr, nk, qp,
+                                     qg);
                             cpu::exp_shift_sum(sr, nk, lse);
                             for (int j = 0; j < nk; ++j) at[j] += sr[j];
                         }

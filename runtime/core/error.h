@@ -9,7 +9,7 @@
 namespace infoflow {
 
 class Error : public std::runtime_error {
-public:
+  public:
     explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
@@ -20,19 +20,19 @@ namespace detail {
 }  // namespace infoflow
 
 // IF_CHECK(cond, stream-expression): throws infoflow::Error naming file:line and the condition.
-#define IF_CHECK(cond, msg)                                                              \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            std::ostringstream if_check_os_;                                             \
-            if_check_os_ << msg;                                                         \
+#define IF_CHECK(cond, msg)                                                                 \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            std::ostringstream if_check_os_;                                                \
+            if_check_os_ << msg;                                                            \
             ::infoflow::detail::throw_error(__FILE__, __LINE__, #cond, if_check_os_.str()); \
-        }                                                                                \
+        }                                                                                   \
     } while (0)
 
 // IF_FAIL(stream-expression): unconditional error.
-#define IF_FAIL(msg)                                                                \
-    do {                                                                            \
-        std::ostringstream if_check_os_;                                            \
-        if_check_os_ << msg;                                                        \
+#define IF_FAIL(msg)                                                                      \
+    do {                                                                                  \
+        std::ostringstream if_check_os_;                                                  \
+        if_check_os_ << msg;                                                              \
         ::infoflow::detail::throw_error(__FILE__, __LINE__, nullptr, if_check_os_.str()); \
     } while (0)

@@ -40,7 +40,7 @@ inline uint16_t fp32_to_fp16(float f) {
     std::memcpy(&x, &f, 4);
     const uint32_t sign = (x >> 16) & 0x8000u;
     uint32_t abs = x & 0x7FFFFFFFu;
-    if (abs > 0x7F800000u) return uint16_t(sign | 0x7E00u);  // NaN
+    if (abs > 0x7F800000u) return uint16_t(sign | 0x7E00u);   // NaN
     if (abs >= 0x477FF000u) return uint16_t(sign | 0x7C00u);  // overflow -> inf
     if (abs < 0x38800000u) {                                  // subnormal or zero in fp16
         if (abs < 0x33000000u) return uint16_t(sign);

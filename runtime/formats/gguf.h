@@ -12,9 +12,26 @@
 namespace infoflow {
 
 enum class GgmlType : uint32_t {
-    F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
-    Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
-    I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, BF16 = 30,
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
+    Q8_0 = 8,
+    Q8_1 = 9,
+    Q2_K = 10,
+    Q3_K = 11,
+    Q4_K = 12,
+    Q5_K = 13,
+    Q6_K = 14,
+    Q8_K = 15,
+    I8 = 24,
+    I16 = 25,
+    I32 = 26,
+    I64 = 27,
+    F64 = 28,
+    BF16 = 30,
 };
 
 const char* ggml_type_name(uint32_t type);
@@ -36,7 +53,7 @@ enum : uint32_t {
     kI64 = 11,
     kF64 = 12,
 };
-}  // namespace gguf_value  // "Q4_1", or "type 17" for unknown ids
+}  // namespace gguf_value
 
 struct GgufTensorInfo {
     std::string name;
@@ -59,7 +76,7 @@ struct GgufValue {
 };
 
 class GgufFile {
-public:
+  public:
     explicit GgufFile(const std::string& path);  // throws infoflow::Error naming the path
     ~GgufFile();
     GgufFile(const GgufFile&) = delete;
@@ -91,7 +108,7 @@ public:
     const GgufTensorInfo* find_tensor(const std::string& name) const;  // nullptr if absent
     const uint8_t* tensor_data(const GgufTensorInfo& t) const;
 
-private:
+  private:
     std::string path_;
     uint32_t version_ = 0;
     int fd_ = -1;

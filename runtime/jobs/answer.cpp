@@ -26,7 +26,8 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
     ans["stopped"] = r.stopped;
     j["answer"] = ans;
     json top = json::array();
-    for (const auto& [id, logit] : top_logits(r.first_logits.data(), int(r.first_logits.size()), 20)) {
+    for (const auto& [id, logit] :
+         top_logits(r.first_logits.data(), int(r.first_logits.size()), 20)) {
         top.push_back({{"id", id}, {"logit", logit}});
     }
     j["first_token_top"] = top;
@@ -38,8 +39,7 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
     j["ttft_ms"] = r.ttft_ms;
     json phases = json::array();
     for (size_t i = 0; i < r.phases.size(); ++i) {
-        json ms = json::array(), sent = json::array(), recv = json::array(),
-             wait = json::array();
+        json ms = json::array(), sent = json::array(), recv = json::array(), wait = json::array();
         if (i < r.phases_per_rank.size()) {
             for (const PhaseTime& p : r.phases_per_rank[i]) {
                 ms.push_back(p.ms);
@@ -79,9 +79,9 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
     std::printf("context    : %d tokens in %d chunks, suffix %d tokens\n", r.context_tokens,
                 req.n_chunks(), r.suffix_tokens);
     if (cfg.method.name != Config::Method::full) {
-        std::printf("recomputed : %zu tokens (%.1f%% of the context)\n",
-                    r.selected_positions.size(),
-                    r.context_tokens ? 100.0 * r.selected_positions.size() / r.context_tokens : 0.0);
+        std::printf(
+            "recomputed : %zu tokens (%.1f%% of the context)\n", r.selected_positions.size(),
+            r.context_tokens ? 100.0 * r.selected_positions.size() / r.context_tokens : 0.0);
     }
     std::printf("phases     :");
     for (const PhaseTime& p : r.phases) std::printf(" %s %.1f ms;", p.name.c_str(), p.ms);

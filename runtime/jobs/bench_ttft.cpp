@@ -108,7 +108,7 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             std::vector<double> ttft;
             std::map<std::string, std::vector<double>> phase_ms;
             std::vector<std::string> phase_order;
-            double bytes_per_layer = 0.0;
+            double bytes_per_layer = 0.0, bytes_per_layer_mean = 0.0;
             for (int run = 0; run < base.bench.warmup + base.bench.runs; ++run) {
                 comm.barrier();
                 const MethodResult r = run_request(*s.model, req, v.cfg, comm, {});
@@ -120,8 +120,9 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                     if (!phase_ms.count(p.name)) phase_order.push_back(p.name);
                     phase_ms[p.name].push_back(p.ms);
                 }
-                // Bytes a rank sends per layer up to the first token (the largest rank).
-                double most = 0.0;
+                // Bytes a rank sends per layer up to the first token: the busiest rank, and the
+                // mean over ranks.
+                double most = 0.0, all = 0.0;
                 for (int q = 0; q < int(r.ranks); ++q) {
                     double sent = 0.0;
                     for (const auto& per_rank : r.phases_per_rank) {
@@ -130,32 +131,35 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                         }
                     }
                     most = std::max(most, sent);
+                    all += sent;
                 }
                 bytes_per_layer = most / mc.n_layer;
+                bytes_per_layer_mean = r.ranks > 0 ? all / r.ranks / mc.n_layer : 0.0;
             }
             const double med = median(ttft);
             if (v.label == "single") single_ms = med;
             if (v.label == "ring/zigzag") ring_ms = med;
-            json row = {{"bench", "ttft"},
-                        {"model", s.weights->source},
-                        {"tokens", req.context_tokens() + int(req.suffix.size())},
-                        {"context_tokens", req.context_tokens()},
-                        {"method", v.label},
-                        {"ranks", v.label == "single" ? 1 : P},
-                        {"threads_per_rank", threads},
-                        {"runs", base.bench.runs},
-                        {"ttft_ms", med},
-                        {"speedup_vs_single", single_ms > 0 ? json(single_ms / med) : json(nullptr)},
-                        {"speedup_vs_ring", ring_ms > 0 ? json(ring_ms / med) : json(nullptr)},
-                        {"bytes_per_rank_per_layer", bytes_per_layer}};
+            json row = {
+                {"bench", "ttft"},
+                {"model", s.weights->source},
+                {"tokens", req.context_tokens() + int(req.suffix.size())},
+                {"context_tokens", req.context_tokens()},
+                {"method", v.label},
+                {"ranks", v.label == "single" ? 1 : P},
+                {"threads_per_rank", threads},
+                {"runs", base.bench.runs},
+                {"ttft_ms", med},
+                {"speedup_vs_single", single_ms > 0 ? json(single_ms / med) : json(nullptr)},
+                {"speedup_vs_ring", ring_ms > 0 ? json(ring_ms / med) : json(nullptr)},
+                {"bytes_per_rank_per_layer", bytes_per_layer},
+                {"bytes_per_rank_per_layer_mean", bytes_per_layer_mean}};
             json phases = json::object();
             for (const auto& name : phase_order) phases[name] = median(phase_ms[name]);
             row["phases_ms"] = phases;
             rows.push_back(row);
             if (root) {
                 std::printf("  %6d tokens  %-16s %10.1f ms\n",
-                            req.context_tokens() + int(req.suffix.size()),
-                            v.label.c_str(), med);
+                            req.context_tokens() + int(req.suffix.size()), v.label.c_str(), med);
                 std::fflush(stdout);
             }
         }
@@ -163,8 +167,8 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
 
     if (root) {
         std::printf("\nTTFT (%s, %d rank%s, %d thread%s per rank, ratio %.2f, median of %d)\n",
-                    s.weights->source.c_str(), P, P > 1 ? "s" : "", threads,
-                    threads > 1 ? "s" : "", base.method.ratio, base.bench.runs);
+                    s.weights->source.c_str(), P, P > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
+                    base.method.ratio, base.bench.runs);
         std::printf("%7s  %-16s %5s %11s %9s %9s %14s  %s\n", "tokens", "method", "ranks",
                     "TTFT ms", "vs single", "vs ring", "bytes/rk/layer", "phases (ms)");
         for (const json& row : rows) {

@@ -1,9 +1,9 @@
 #include "runtime/jobs/job_report.h"
 
-#include "runtime/jobs/qa_metrics.h"
-
 #include <algorithm>
 #include <cstdio>
+
+#include "runtime/jobs/qa_metrics.h"
 
 namespace infoflow {
 

@@ -43,7 +43,7 @@ struct RunComparison {
     int top1_id = -1;
     bool top1_agree = false;
     double kl = 0.0;
-    bool exact = false;        // greedy answer ids equal to the reference's
+    bool exact = false;  // greedy answer ids equal to the reference's
     double selected_fraction = 0.0;
 };
 RunComparison compare_runs(const MethodResult& ref, const MethodResult& r, int context_tokens);

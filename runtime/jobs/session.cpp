@@ -1,7 +1,8 @@
 #include "runtime/jobs/session.h"
 
-#include <chrono>
 #include <sys/stat.h>
+
+#include <chrono>
 
 #include "runtime/core/error.h"
 #include "runtime/formats/gguf.h"
@@ -40,8 +41,8 @@ std::unique_ptr<Session> open_session(const Config& cfg) {
     }
     s->backend = make_backend(to_string(cfg.model.backend), cfg.model.threads);
     s->model = std::make_unique<Model>(*s->backend, *s->weights);
-    s->load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count();
+    s->load_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return s;
 }
 

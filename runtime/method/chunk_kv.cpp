@@ -92,8 +92,10 @@ std::vector<ChunkKv> prefill_chunks(Model& model, const std::vector<std::vector<
             for (int l = 0; l < c.n_layer; ++l) {
                 ck.k.push_back(be.alloc_floats(std::max<size_t>(1, size_t(m) * row)));
                 ck.v.push_back(be.alloc_floats(std::max<size_t>(1, size_t(m) * row)));
-                be.copy(ck.k[l].data(), cache.k(l) + size_t(at) * row, size_t(m) * row * sizeof(float));
-                be.copy(ck.v[l].data(), cache.v(l) + size_t(at) * row, size_t(m) * row * sizeof(float));
+                be.copy(ck.k[l].data(), cache.k(l) + size_t(at) * row,
+                        size_t(m) * row * sizeof(float));
+                be.copy(ck.v[l].data(), cache.v(l) + size_t(at) * row,
+                        size_t(m) * row * sizeof(float));
             }
             at += m;
         }
@@ -109,9 +111,8 @@ void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std:
     const int L = n_layers < 0 ? model.config().n_layer : n_layers;
     size_t total = 0;
     for (int ci : order) total += chunks.at(ci).tokens.size();
-    IF_CHECK(target_pos.size() == total, "assemble_cache: " << target_pos.size()
-                                                            << " positions for " << total
-                                                            << " tokens");
+    IF_CHECK(target_pos.size() == total,
+             "assemble_cache: " << target_pos.size() << " positions for " << total << " tokens");
     IF_CHECK(group == nullptr || group->size() == total, "assemble_cache: group size mismatch");
     const int first = cache.append(int(total), target_pos.data(), group ? group->data() : nullptr);
     const size_t row = size_t(cache.row());

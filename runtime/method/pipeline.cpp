@@ -6,17 +6,17 @@
 
 #include "runtime/core/error.h"
 #include "runtime/method/chunk_kv.h"
+#include "runtime/method/placement.h"
 #include "runtime/method/recompute.h"
 #include "runtime/method/scoring.h"
 #include "runtime/method/selection.h"
 #include "runtime/model/generate.h"
-#include "runtime/method/placement.h"
 
 namespace infoflow {
 namespace {
 
 class PhaseClock {
-public:
+  public:
     explicit PhaseClock(std::vector<PhaseTime>& out) : out_(out), t_(now()) {}
     void mark(const std::string& name) {
         const auto t = now();
@@ -24,7 +24,7 @@ public:
         t_ = t;
     }
 
-private:
+  private:
     static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
     std::vector<PhaseTime>& out_;
     std::chrono::steady_clock::time_point t_;
@@ -51,11 +51,11 @@ void check_positions(const Model& model, int T, int Q, int max_new) {
     // position of its own.
     const int n_ctx = model.config().n_ctx_train;
     const int need = T + Q + std::max(0, max_new - 1);
-    IF_CHECK(need <= n_ctx, "the request needs " << need << " positions (context " << T
-                                                 << " + suffix " << Q
-                                                 << " + decode.max_new_tokens - 1 = "
-                                                 << std::max(0, max_new - 1) << ") but the model ("
-                                                 << model.weights().source << ") has " << n_ctx);
+    IF_CHECK(need <= n_ctx, "the request needs "
+                                << need << " positions (context " << T << " + suffix " << Q
+                                << " + decode.max_new_tokens - 1 = " << std::max(0, max_new - 1)
+                                << ") but the model (" << model.weights().source << ") has "
+                                << n_ctx);
 }
 
 }  // namespace
@@ -157,7 +157,8 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     const int emulate = cfg.parallel.emulate_ranks;
     std::vector<int32_t> slot_group;
     if (emulate > 1) {
-        IF_CHECK(!cfg.method.reorder, "parallel.emulate_ranks with method.reorder is not supported");
+        IF_CHECK(!cfg.method.reorder,
+                 "parallel.emulate_ranks with method.reorder is not supported");
         IF_CHECK(cfg.scoring.softmax == Config::Softmax::global,
                  "parallel.emulate_ranks needs scoring.softmax = \"global\"");
         std::vector<int> sizes;
@@ -180,9 +181,9 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
         }
         clock.mark("scoring");
     } else if (method == Config::Method::epic) {
-        selected = epic_selection(order, chunk_begin, chunk_size,
-                                  cfg.epic.mode == Config::EpicMode::fixed, cfg.method.ratio,
-                                  cfg.epic.k);
+        selected =
+            epic_selection(order, chunk_begin, chunk_size, cfg.epic.mode == Config::EpicMode::fixed,
+                           cfg.method.ratio, cfg.epic.k);
         clock.mark("scoring");
     }
 
@@ -258,7 +259,8 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     std::vector<int32_t> spos(Q);
     std::iota(spos.begin(), spos.end(), T);
     const std::vector<int32_t> suffix_group(Q, 0);
-    r.first_logits = model.forward(cache, req.suffix, spos, false, groups ? &suffix_group : nullptr);
+    r.first_logits =
+        model.forward(cache, req.suffix, spos, false, groups ? &suffix_group : nullptr);
     clock.mark("suffix_prefill");
     r.ttft_ms = sum_ms(r.phases);
     GenerateOptions gen_rank0 = gen;

@@ -23,15 +23,15 @@ struct PhaseTime {
 
 struct MethodResult {
     std::string method;
-    std::vector<float> first_logits;          // [n_vocab] after the last suffix token
-    std::vector<int32_t> answer;              // generated ids (stop token excluded)
+    std::vector<float> first_logits;  // [n_vocab] after the last suffix token
+    std::vector<int32_t> answer;      // generated ids (stop token excluded)
     bool stopped = false;
     std::vector<int32_t> selected_positions;  // recomputed tokens, global positions, sorted
     std::vector<int> chunk_order;             // chunk order used (identity unless reordered)
     int context_tokens = 0;
     int suffix_tokens = 0;
-    double ttft_ms = 0.0;                     // request to first-token logits
-    std::vector<PhaseTime> phases;            // this rank's phases
+    double ttft_ms = 0.0;           // request to first-token logits
+    std::vector<PhaseTime> phases;  // this rank's phases
     int ranks = 1;
     // Per phase, per rank (filled on rank 0 of a distributed run): [phase][rank].
     std::vector<std::vector<PhaseTime>> phases_per_rank;

@@ -9,10 +9,10 @@ namespace infoflow {
 
 struct Placement {
     int n_ranks = 1;
-    std::vector<int> chunk_rank;   // [n_chunks]: owner of chunk i >= 1; -1 for chunk 0
-    std::vector<int> first_chunk;  // [n_ranks]: the rank's chunks are [first_chunk, end_chunk)
-    std::vector<int> end_chunk;    // [n_ranks]
-    std::vector<int> shard_tokens; // [n_ranks]
+    std::vector<int> chunk_rank;    // [n_chunks]: owner of chunk i >= 1; -1 for chunk 0
+    std::vector<int> first_chunk;   // [n_ranks]: the rank's chunks are [first_chunk, end_chunk)
+    std::vector<int> end_chunk;     // [n_ranks]
+    std::vector<int> shard_tokens;  // [n_ranks]
 };
 
 // chunk_sizes[0] is chunk 0 (replicated); chunks 1..K are dealt to `n_ranks` shards in position

@@ -11,8 +11,8 @@ void recompute_selected(Model& model, KvCache& cache, const std::vector<int32_t>
     if (n == 0) return;
     IF_CHECK(tokens.size() == slots.size() && pos.size() == slots.size(),
              "recompute: slots, tokens and positions differ in size");
-    IF_CHECK(hidden != nullptr || first_layer == 0, "recompute from layer " << first_layer
-                                                                            << " needs hidden states");
+    IF_CHECK(hidden != nullptr || first_layer == 0,
+             "recompute from layer " << first_layer << " needs hidden states");
     const ModelConfig& c = model.config();
     Backend& be = model.backend();
     Buffer h = be.alloc_floats(size_t(n) * c.n_embd);

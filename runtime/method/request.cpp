@@ -59,8 +59,9 @@ int32_t resolve_sink(const Tokenizer& tok, const std::vector<int32_t>& prefix,
     if (sink == "none") return -1;
     if (sink == "bos") {
         if (tok.bos_id() >= 0) return tok.bos_id();
-        IF_CHECK(!prefix.empty(), "chunking.sink = \"bos\": the model has no BOS token and the "
-                                  "chat prefix is empty; set chunking.sink to a token string");
+        IF_CHECK(!prefix.empty(),
+                 "chunking.sink = \"bos\": the model has no BOS token and the "
+                 "chat prefix is empty; set chunking.sink to a token string");
         return prefix.front();
     }
     const std::vector<int32_t> ids = tok.encode(sink, /*parse_special=*/true);

@@ -20,11 +20,11 @@ struct PreparedRequest {
     std::vector<int32_t> suffix;               // tokens after the context
     int question_begin = 0;                    // question tokens: suffix[begin, end)
     int question_end = 0;
-    int32_t sink_id = -1;                      // prepended to chunks >= 1 at prefill; -1 = none
+    int32_t sink_id = -1;  // prepended to chunks >= 1 at prefill; -1 = none
 
     int n_chunks() const { return int(chunks.size()); }
-    int context_tokens() const;                // T: tokens of chunks 0..K
-    std::vector<int> chunk_offsets() const;    // o_i, size K+1
+    int context_tokens() const;                     // T: tokens of chunks 0..K
+    std::vector<int> chunk_offsets() const;         // o_i, size K+1
     std::vector<int32_t> context_sequence() const;  // chunks concatenated
     std::vector<int32_t> full_sequence() const;     // context + suffix
 };

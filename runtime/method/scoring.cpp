@@ -32,10 +32,16 @@ LayoutPositions layout_positions(Config::Layout layout, const std::vector<ChunkK
             int32_t p = at + t;
             if (!is_prefix) {
                 switch (layout) {
-                    case Config::Layout::global: p = at + t; break;
+                    case Config::Layout::global:
+                        p = at + t;
+                        break;
                     case Config::Layout::hl_tp:
-                    case Config::Layout::hl_hp: p = ck.local_pos[t]; break;
-                    case Config::Layout::tl_tp: p = T - n + t; break;
+                    case Config::Layout::hl_hp:
+                        p = ck.local_pos[t];
+                        break;
+                    case Config::Layout::tl_tp:
+                        p = T - n + t;
+                        break;
                 }
             }
             lp.key_pos.push_back(p);
@@ -53,10 +59,14 @@ LayoutPositions layout_positions(Config::Layout layout, const std::vector<ChunkK
 namespace {
 
 class ScoreTap final : public LayerTap {
-public:
+  public:
     ScoreTap(Backend& be, const ModelConfig& c, const std::vector<int>& layers, int n_cols,
              bool aggregate_sum)
-        : be_(be), c_(c), layers_(layers), n_cols_(n_cols), sum_(aggregate_sum),
+        : be_(be),
+          c_(c),
+          layers_(layers),
+          n_cols_(n_cols),
+          sum_(aggregate_sum),
           total_(n_cols, 0.0) {
         col_ = be_.alloc_floats(size_t(std::max(n_cols, 1)));
     }
@@ -97,7 +107,7 @@ public:
         return s;
     }
 
-private:
+  private:
     Backend& be_;
     const ModelConfig& c_;
     std::vector<int> layers_;

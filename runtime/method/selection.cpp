@@ -32,14 +32,15 @@ std::vector<int> select_top_k(const std::vector<double>& score, const std::vecto
     return cand;
 }
 
-std::vector<int> epic_selection(const std::vector<int>& chunk_id, const std::vector<int>& chunk_begin,
+std::vector<int> epic_selection(const std::vector<int>& chunk_id,
+                                const std::vector<int>& chunk_begin,
                                 const std::vector<int>& chunk_size, bool fixed, double ratio,
                                 int k) {
     std::vector<int> s;
     for (size_t c = 0; c < chunk_id.size(); ++c) {
         if (chunk_id[c] == 0) continue;
-        const int n = fixed ? std::min(k, chunk_size[c])
-                            : int(std::floor(ratio * chunk_size[c] + 1e-9));
+        const int n =
+            fixed ? std::min(k, chunk_size[c]) : int(std::floor(ratio * chunk_size[c] + 1e-9));
         for (int t = 0; t < n; ++t) s.push_back(chunk_begin[c] + t);
     }
     std::sort(s.begin(), s.end());

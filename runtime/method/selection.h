@@ -19,7 +19,8 @@ std::vector<int> select_top_k(const std::vector<double>& score /*[T]*/,
 // EPIC: the first tokens of every chunk >= 1, floor(ratio*|C|) each (ratio mode) or min(k, |C|)
 // (fixed mode). `chunk_begin`/`chunk_size` describe the chunks in slot order; the chunk whose
 // id is 0 is skipped. Returns slots sorted.
-std::vector<int> epic_selection(const std::vector<int>& chunk_id, const std::vector<int>& chunk_begin,
+std::vector<int> epic_selection(const std::vector<int>& chunk_id,
+                                const std::vector<int>& chunk_begin,
                                 const std::vector<int>& chunk_size, bool fixed, double ratio,
                                 int k);
 

@@ -18,9 +18,8 @@ GenerateResult generate(Model& model, KvCache& cache, const std::vector<float>& 
     GenerateResult r;
     if (opt.max_new_tokens <= 0) return r;
     const int n_vocab = model.config().n_vocab;
-    IF_CHECK(int(first_logits.size()) == n_vocab, "generate: logits of size "
-                                                      << first_logits.size() << ", expected "
-                                                      << n_vocab);
+    IF_CHECK(int(first_logits.size()) == n_vocab,
+             "generate: logits of size " << first_logits.size() << ", expected " << n_vocab);
     Sampler sampler(opt.sampling);
     std::vector<float> logits = first_logits;
     const auto t0 = std::chrono::steady_clock::now();
@@ -33,8 +32,8 @@ GenerateResult generate(Model& model, KvCache& cache, const std::vector<float>& 
         r.tokens.push_back(tok);
         if (step + 1 == opt.max_new_tokens) break;
         IF_CHECK(next_pos < model.config().n_ctx_train,
-                 "decode position " << next_pos << " exceeds the model's " << model.config().n_ctx_train
-                                    << " positions");
+                 "decode position " << next_pos << " exceeds the model's "
+                                    << model.config().n_ctx_train << " positions");
         logits = decode_step(model, cache, tok, next_pos++, opt.group);
     }
     r.decode_ms =

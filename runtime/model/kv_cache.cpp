@@ -19,8 +19,8 @@ KvCache::KvCache(Backend& backend, const ModelConfig& config, int capacity)
 }
 
 int KvCache::append(int n, const int32_t* pos, const int32_t* group) {
-    IF_CHECK(size_ + n <= capacity_, "KV cache full: " << size_ << " + " << n << " slots > capacity "
-                                                       << capacity_);
+    IF_CHECK(size_ + n <= capacity_,
+             "KV cache full: " << size_ << " + " << n << " slots > capacity " << capacity_);
     const int first = size_;
     for (int i = 0; i < n; ++i) {
         pos_.push_back(pos[i]);

@@ -13,7 +13,7 @@
 namespace infoflow {
 
 class KvCache {
-public:
+  public:
     KvCache(Backend& backend, const ModelConfig& config, int capacity);
     KvCache(KvCache&&) = default;
     KvCache& operator=(KvCache&&) = delete;
@@ -43,7 +43,7 @@ public:
     const int32_t* group_data() const { return group_.data(); }
     bool has_groups() const { return any_group_; }
 
-private:
+  private:
     Backend* backend_;
     int n_layer_ = 0;
     int row_ = 0;

@@ -106,7 +106,8 @@ void Model::layer_post(int l, float* hidden, const float* attn, int n) {
     ensure_scratch(n);
     backend_.matmul(attn, w(lw.wo), nullptr, n, c.n_head * c.head_dim, c.n_embd, hidden, true);
     backend_.rms_norm(hidden, w(lw.ffn_norm), n, c.n_embd, c.rms_eps, s_.xn.data());
-    backend_.matmul(s_.xn.data(), w(lw.w_gate), nullptr, n, c.n_embd, c.n_ff, s_.gate.data(), false);
+    backend_.matmul(s_.xn.data(), w(lw.w_gate), nullptr, n, c.n_embd, c.n_ff, s_.gate.data(),
+                    false);
     backend_.matmul(s_.xn.data(), w(lw.w_up), nullptr, n, c.n_embd, c.n_ff, s_.up.data(), false);
     backend_.swiglu(s_.gate.data(), s_.up.data(), size_t(n) * c.n_ff, s_.gate.data());
     backend_.matmul(s_.gate.data(), w(lw.w_down), nullptr, n, c.n_ff, c.n_embd, hidden, true);
@@ -175,8 +176,8 @@ std::vector<float> Model::forward(KvCache& cache, const std::vector<int32_t>& to
                                   const std::vector<int32_t>& pos, bool all_logits,
                                   const std::vector<int32_t>* group) {
     const int n = int(tokens.size());
-    IF_CHECK(pos.size() == tokens.size(), "forward: " << tokens.size() << " tokens but " << pos.size()
-                                                    << " positions");
+    IF_CHECK(pos.size() == tokens.size(),
+             "forward: " << tokens.size() << " tokens but " << pos.size() << " positions");
     const ModelConfig& c = config();
     const int first = cache.append(n, pos.data(), group ? group->data() : nullptr);
     std::vector<int32_t> slots(n);

@@ -16,7 +16,7 @@ namespace infoflow {
 // attention, with their post-RoPE queries, the LSE of that attention and the cache they attended
 // over (their own new K/V included).
 class LayerTap {
-public:
+  public:
     virtual ~LayerTap() = default;
     virtual bool wants(int layer) const = 0;
     virtual void on_attention(int layer, const float* q /*[n, n_head, head_dim]*/,
@@ -25,7 +25,7 @@ public:
 };
 
 class Model {
-public:
+  public:
     // Keeps a reference to `weights` (the CPU backend reads them in place).
     Model(Backend& backend, const ModelWeights& weights);
     Model(const Model&) = delete;
@@ -50,7 +50,8 @@ public:
 
     // K and V of layer `l` for the rows (RoPE at `pos`), without attention or cache writes.
     void layer_kv(int l, const float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,
-                  float* k_out /*[n, n_head_kv*head_dim]*/, float* v_out /*[n, n_head_kv*head_dim]*/);
+                  float* k_out /*[n, n_head_kv*head_dim]*/,
+                  float* v_out /*[n, n_head_kv*head_dim]*/);
 
     // The two halves of `layer_forward`, for callers that compute attention themselves
     // (distributed attention, DESIGN §5): layer_qkv = RMSNorm, projections (+ q/k norm), RoPE at
@@ -58,8 +59,8 @@ public:
     void layer_qkv(int l, const float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,
                    float* q_out /*[n, n_head*head_dim]*/, float* k_out /*[n, n_head_kv*head_dim]*/,
                    float* v_out /*[n, n_head_kv*head_dim]*/);
-    void layer_post(int l, float* hidden /*[n, n_embd]*/, const float* attn /*[n, n_head*head_dim]*/,
-                    int n);
+    void layer_post(int l, float* hidden /*[n, n_embd]*/,
+                    const float* attn /*[n, n_head*head_dim]*/, int n);
 
     // Final RMSNorm and LM head: out = logits of each row.
     void logits(const float* hidden /*[n, n_embd]*/, int n, float* out /*[n, n_vocab]*/);
@@ -73,7 +74,7 @@ public:
                                const std::vector<int32_t>& pos, bool all_logits = false,
                                const std::vector<int32_t>* group = nullptr);
 
-private:
+  private:
     struct Scratch {
         int n = 0;
         Buffer xn, q, k, v, attn, lse, gate, up, qkv;

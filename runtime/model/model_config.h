@@ -28,8 +28,8 @@ struct ModelConfig {
     int n_head_kv = 0;
     int head_dim = 0;
     int n_ff = 0;
-    int n_vocab = 0;       // rows of the embedding (logit count)
-    int n_ctx_train = 0;   // maximum positions
+    int n_vocab = 0;      // rows of the embedding (logit count)
+    int n_ctx_train = 0;  // maximum positions
     float rms_eps = 1e-5f;
     float rope_theta = 10000.0f;
     RopeScaling rope_scaling;

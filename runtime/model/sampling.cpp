@@ -23,7 +23,8 @@ double Sampler::next_uniform() {
 
 int32_t Sampler::sample(const float* logits, int n_vocab) {
     for (int i = 0; i < n_vocab; ++i) {
-        IF_CHECK(std::isfinite(logits[i]), "non-finite logit " << logits[i] << " at token id " << i);
+        IF_CHECK(std::isfinite(logits[i]),
+                 "non-finite logit " << logits[i] << " at token id " << i);
     }
     if (p_.temperature == 0.0f) return argmax(logits, n_vocab);
     std::vector<std::pair<int32_t, float>> cand;

@@ -15,11 +15,11 @@ struct SamplingParams {
 };
 
 class Sampler {
-public:
+  public:
     explicit Sampler(const SamplingParams& p);
     int32_t sample(const float* logits /*[n_vocab]*/, int n_vocab);
 
-private:
+  private:
     double next_uniform();  // [0, 1)
     SamplingParams p_;
     uint64_t state_;

@@ -8,8 +8,8 @@
 
 namespace infoflow {
 
-void merge_partials_allgather(Communicator& comm, Backend& be, float* out, float* lse,
-                              int n_states, int head_dim) {
+void merge_partials_allgather(Communicator& comm, Backend& be, float* out, float* lse, int n_states,
+                              int head_dim) {
     const int P = comm.size();
     if (P == 1) return;
     const size_t per = size_t(n_states) * (head_dim + 1);

@@ -14,8 +14,8 @@ namespace infoflow {
 // Replicated rows (every rank has the same queries): all-gather every rank's partial state and
 // merge them in rank order. out: [n_states, head_dim], lse: [n_states] (n_states = rows *
 // n_head), replaced by the merged state on every rank.
-void merge_partials_allgather(Communicator& comm, Backend& be, float* out, float* lse,
-                              int n_states, int head_dim);
+void merge_partials_allgather(Communicator& comm, Backend& be, float* out, float* lse, int n_states,
+                              int head_dim);
 
 // Pass-Q (the "exact" exchange of §5.2): each rank owns `n_own` query rows. Queries (and their
 // positions and groups) are all-gathered, every rank attends them over its local keys

@@ -15,7 +15,7 @@ namespace infoflow {
 class SpClock final {
     using Clock = std::chrono::steady_clock;
 
-public:
+  public:
     SpClock(Communicator& comm, std::vector<PhaseTime>& out) : comm_(comm), out_(out) {}
     void begin(const std::string& name) {
         name_ = name;
@@ -35,7 +35,7 @@ public:
         comm_.set_phase("other");
     }
 
-private:
+  private:
     Communicator& comm_;
     std::vector<PhaseTime>& out_;
     std::string name_;

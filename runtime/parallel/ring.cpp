@@ -56,10 +56,10 @@ MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cf
     const int n = int(mine.size());
     const int row = c.n_head_kv * c.head_dim;
     const int qd = c.n_head * c.head_dim;
-    const size_t n_max = std::max_element(shards.begin(), shards.end(),
-                                          [](const auto& a, const auto& b) {
-                                              return a.size() < b.size();
-                                          })->size();
+    const size_t n_max =
+        std::max_element(shards.begin(), shards.end(), [](const auto& a, const auto& b) {
+            return a.size() < b.size();
+        })->size();
 
     SpClock clock(comm, r.phases);
     clock.begin("ring_prefill");
@@ -116,8 +116,9 @@ MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cf
                     ap.out = first ? out.data() : o_step.data();
                     ap.lse = first ? lse.data() : l_step.data();
                     be.attention(ap);
-                    if (!first) be.lse_merge(out.data(), lse.data(), o_step.data(), l_step.data(),
-                                             n * c.n_head, c.head_dim);
+                    if (!first)
+                        be.lse_merge(out.data(), lse.data(), o_step.data(), l_step.data(),
+                                     n * c.n_head, c.head_dim);
                     first = false;
                 }
                 off += size_t(np) * 2 * row;
@@ -143,8 +144,9 @@ MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cf
                     ap.out = s == 0 ? out.data() : o_step.data();
                     ap.lse = s == 0 ? lse.data() : l_step.data();
                     be.attention(ap);
-                    if (s > 0) be.lse_merge(out.data(), lse.data(), o_step.data(), l_step.data(),
-                                            n * c.n_head, c.head_dim);
+                    if (s > 0)
+                        be.lse_merge(out.data(), lse.data(), o_step.data(), l_step.data(),
+                                     n * c.n_head, c.head_dim);
                 }
                 send.wait();
                 recv.wait();
@@ -164,8 +166,8 @@ MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cf
     clock.end();
     r.ttft_ms = r.phases.back().ms;
     clock.begin("decode");
-    r.answer = generate_replicated(model, comm, cache, 0, r.first_logits, N, cfg, stop_ids,
-                                   &r.stopped);
+    r.answer =
+        generate_replicated(model, comm, cache, 0, r.first_logits, N, cfg, stop_ids, &r.stopped);
     clock.end();
     gather_phases(comm, r);
     return r;

@@ -8,13 +8,13 @@
 
 #include "runtime/core/error.h"
 #include "runtime/method/chunk_kv.h"
+#include "runtime/method/placement.h"
 #include "runtime/method/scoring.h"
 #include "runtime/method/selection.h"
 #include "runtime/model/generate.h"
 #include "runtime/model/sampling.h"
 #include "runtime/parallel/dist_attention.h"
 #include "runtime/parallel/phase_clock.h"
-#include "runtime/method/placement.h"
 
 namespace infoflow {
 namespace {
@@ -30,14 +30,14 @@ ChunkKv shadow_chunk(const std::vector<int32_t>& tokens, int32_t sink_id) {
 
 struct Shard {
     Placement place;
-    std::vector<ChunkKv> chunks;      // every chunk; foreign ones are shadows
-    std::vector<int32_t> gpos;        // [T] global positions
-    std::vector<int> chunk_of;        // [T] chunk of each global index
-    std::vector<int> offsets;         // [K+1]
-    std::vector<int> local_order;     // chunk 0 then own chunks
-    std::vector<int32_t> slot_global; // local slot -> global index (context slots)
-    int own_begin = 0, own_end = 0;   // own global index range
-    int c0 = 0;                       // chunk 0 size
+    std::vector<ChunkKv> chunks;       // every chunk; foreign ones are shadows
+    std::vector<int32_t> gpos;         // [T] global positions
+    std::vector<int> chunk_of;         // [T] chunk of each global index
+    std::vector<int> offsets;          // [K+1]
+    std::vector<int> local_order;      // chunk 0 then own chunks
+    std::vector<int32_t> slot_global;  // local slot -> global index (context slots)
+    int own_begin = 0, own_end = 0;    // own global index range
+    int c0 = 0;                        // chunk 0 size
 };
 
 std::vector<double> score_sp(Model& model, Communicator& comm, const Shard& sh,
@@ -198,8 +198,8 @@ std::vector<int32_t> generate_replicated(Model& model, Communicator& comm, KvCac
         }
         out.push_back(tok);
         if (step + 1 == cfg.decode.max_new_tokens) break;
-        IF_CHECK(next_pos < c.n_ctx_train, "decode position " << next_pos
-                                                              << " exceeds the model's positions");
+        IF_CHECK(next_pos < c.n_ctx_train,
+                 "decode position " << next_pos << " exceeds the model's positions");
         int32_t slot = -1;
         if (comm.rank() == 0) slot = cache.append(1, &next_pos, nullptr);
         model.embed(&tok, 1, h.data());
@@ -259,8 +259,8 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
     const int Q = r.suffix_tokens;
     const int max_new = cfg.decode.max_new_tokens;
     IF_CHECK(T + Q + std::max(0, max_new - 1) <= c.n_ctx_train,
-             "the request needs " << T + Q + std::max(0, max_new - 1) << " positions but the model has "
-                                  << c.n_ctx_train);
+             "the request needs " << T + Q + std::max(0, max_new - 1)
+                                  << " positions but the model has " << c.n_ctx_train);
     const int row = c.n_head_kv * c.head_dim;
     const int L = c.n_layer;
     SpClock clock(comm, r.phases);
@@ -273,11 +273,11 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
     sh.place = place_chunks(sizes, P);
     const int first_chunk = sh.place.first_chunk[rank];
     const int end_chunk = sh.place.end_chunk[rank];
-    std::vector<ChunkKv> own = prefill_chunks(
-        model,
-        std::vector<std::vector<int32_t>>(req.chunks.begin() + first_chunk,
-                                          req.chunks.begin() + end_chunk),
-        req.sink_id);
+    std::vector<ChunkKv> own =
+        prefill_chunks(model,
+                       std::vector<std::vector<int32_t>>(req.chunks.begin() + first_chunk,
+                                                         req.chunks.begin() + end_chunk),
+                       req.sink_id);
     for (int i = 0; i < req.n_chunks(); ++i) {
         if (i == 0) {
             sh.chunks.push_back(prefill_chunk(model, req.chunks[0], -1));
@@ -299,8 +299,8 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
     sh.local_order.push_back(0);
     for (int i = first_chunk; i < end_chunk; ++i) sh.local_order.push_back(i);
     sh.own_begin = first_chunk < end_chunk ? sh.offsets[first_chunk] : 0;
-    sh.own_end = first_chunk < end_chunk ? sh.offsets[first_chunk] + sh.place.shard_tokens[rank]
-                                         : 0;
+    sh.own_end =
+        first_chunk < end_chunk ? sh.offsets[first_chunk] + sh.place.shard_tokens[rank] : 0;
     std::vector<int32_t> local_pos;
     for (int ci : sh.local_order) {
         for (int t = 0; t < sh.chunks[ci].size(); ++t) {
@@ -437,7 +437,8 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
             }
         }
         std::vector<size_t> recv_bytes(P);
-        for (int p = 0; p < P; ++p) recv_bytes[p] = size_t(owner_count[p]) * 2 * row * sizeof(float);
+        for (int p = 0; p < P; ++p)
+            recv_bytes[p] = size_t(owner_count[p]) * 2 * row * sizeof(float);
         std::vector<float> gathered(std::max<size_t>(1, selected.size() * 2 * row));
         // Other ranks' blocks of `gathered` ([k rows | v rows] per rank) into their slots.
         auto store_foreign = [&](int l) {
@@ -465,8 +466,8 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
             for (int i = 0; i < n_own; ++i) {
                 be.copy(kv.data() + size_t(i) * row, cache.k(l) + size_t(own_slot[i]) * row,
                         row * sizeof(float));
-                be.copy(kv.data() + size_t(n_own + i) * row,
-                        cache.v(l) + size_t(own_slot[i]) * row, row * sizeof(float));
+                be.copy(kv.data() + size_t(n_own + i) * row, cache.v(l) + size_t(own_slot[i]) * row,
+                        row * sizeof(float));
             }
             comm.all_gather_v(kv.data(), recv_bytes[rank], gathered.data(), recv_bytes);
             store_foreign(l);

@@ -19,7 +19,6 @@
 #include "runtime/formats/dequant.h"
 #include "runtime/formats/gguf.h"
 #include "runtime/formats/gguf_writer.h"
-
 #include "tests/test_util.h"
 
 using namespace infoflow;

@@ -16,7 +16,6 @@
 #include "runtime/core/error.h"
 #include "runtime/formats/safetensors.h"
 #include "runtime/formats/safetensors_writer.h"
-
 #include "tests/test_util.h"
 
 using namespace infoflow;

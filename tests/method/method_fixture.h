@@ -50,8 +50,7 @@ struct TinyModel {
 // chunk 0 of `prefix` tokens, then chunks of the given sizes, then a suffix of `suffix` tokens
 // whose question is suffix[1, suffix-2).
 inline PreparedRequest random_request(uint32_t seed, int n_vocab, int prefix,
-                                      const std::vector<int>& sizes, int suffix,
-                                      int32_t sink = 1) {
+                                      const std::vector<int>& sizes, int suffix, int32_t sink = 1) {
     std::mt19937 rng(seed);
     auto tok = [&]() { return int32_t(3 + rng() % uint32_t(n_vocab - 3)); };
     PreparedRequest r;

@@ -2,7 +2,6 @@
 // both aggregates and all four layouts; the positions each layout assigns; selection
 // tie-breaking (§3.4); EPIC's set and the reorder rule (§3.7, §4) on hand-built cases.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <map>
 
@@ -18,7 +17,7 @@ namespace {
 
 // Records post-RoPE queries of every layer.
 class CaptureTap final : public LayerTap {
-public:
+  public:
     std::map<int, std::vector<float>> q;
     bool wants(int) const override { return true; }
     void on_attention(int layer, const float* qp, const float*, int n, const int32_t*,
@@ -111,14 +110,16 @@ TEST_CASE("scoring equals a materialized attention reference", "[scoring]") {
                         for (int j = 0; j < T + n; ++j) {
                             if (cache.pos()[j] > pos[i]) continue;
                             const float* kj = cache.k(l) + size_t(j) * row + (hh / g) * c.head_dim;
-                            const float* qi = tap.q[l].data() + (size_t(i) * c.n_head + hh) * c.head_dim;
+                            const float* qi =
+                                tap.q[l].data() + (size_t(i) * c.n_head + hh) * c.head_dim;
                             double d = 0.0;
                             for (int e = 0; e < c.head_dim; ++e) d += double(qi[e]) * kj[e];
                             s[j] = d * scale;
                             mx = std::max(mx, s[j]);
                         }
                         double z = 0.0;
-                        for (int j = 0; j < T + n; ++j) z += s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx);
+                        for (int j = 0; j < T + n; ++j)
+                            z += s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx);
                         for (int j = 0; j < T; ++j) {
                             const double p = s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx) / z;
                             if (sum) {
@@ -132,7 +133,8 @@ TEST_CASE("scoring equals a materialized attention reference", "[scoring]") {
                 if (!sum) {
                     for (int j = 0; j < T; ++j) {
                         double sq = 0.0;
-                        for (int i = 0; i < n; ++i) sq += abar[size_t(i) * T + j] * abar[size_t(i) * T + j];
+                        for (int i = 0; i < n; ++i)
+                            sq += abar[size_t(i) * T + j] * abar[size_t(i) * T + j];
                         ref[j] += std::sqrt(sq) / double(layers.size());
                     }
                 }
@@ -171,8 +173,7 @@ TEST_CASE("epic takes the leading tokens of every chunk after chunk 0", "[select
     // chunks in slot order: ids 0, 1, 2 with sizes 4, 10, 5 starting at 0, 4, 14.
     const std::vector<int> id{0, 1, 2}, begin{0, 4, 14}, size{4, 10, 5};
     CHECK(epic_selection(id, begin, size, false, 0.2, 0) == std::vector<int>{4, 5, 14});
-    CHECK(epic_selection(id, begin, size, true, 0.0, 3) ==
-          std::vector<int>{4, 5, 6, 14, 15, 16});
+    CHECK(epic_selection(id, begin, size, true, 0.0, 3) == std::vector<int>{4, 5, 6, 14, 15, 16});
     CHECK(epic_selection(id, begin, size, true, 0.0, 7) ==
           std::vector<int>{4, 5, 6, 7, 8, 9, 10, 14, 15, 16, 17, 18});
 }

@@ -2,9 +2,8 @@
 // step gives the logits of prefill(n+1), for llama, qwen2 (q/k/v biases) and qwen3 (q/k norm,
 // head_dim != n_embd/n_head); the same model saved as GGUF (llama Q/K row order) and as
 // safetensors gives the same logits, and skipping the un-permute breaks that.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -107,8 +106,7 @@ TEST_CASE("the same model as GGUF and as safetensors gives the same logits [6.7]
     std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("greedy generation is deterministic and seeded sampling is reproducible",
-          "[forward]") {
+TEST_CASE("greedy generation is deterministic and seeded sampling is reproducible", "[forward]") {
     const ModelWeights w = load_model_weights("random:tiny");
     auto be = make_cpu_backend(2);
     Model m(*be, w);

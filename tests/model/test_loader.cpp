@@ -22,7 +22,6 @@
 #include "runtime/formats/gguf.h"
 #include "runtime/formats/gguf_writer.h"
 #include "runtime/model/model_loader.h"
-
 #include "tests/test_util.h"
 
 using namespace infoflow;

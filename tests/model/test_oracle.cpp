@@ -5,7 +5,6 @@
 // this engine dequantizes to fp32, so logits differ slightly; the acceptance bar is top-1
 // agreement >= 98 %, and the logit differences are reported.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -68,7 +67,8 @@ OracleStats compare_with_fixture(const std::string& fixture) {
             max_dlogit = std::max(max_dlogit, d);
             sum_dlogit += d;
             ++n_dlogit;
-            const double dlp = std::fabs((row[top_ids[t][k]] - lse) - (top_logits[t][k] - lse_ref[t]));
+            const double dlp =
+                std::fabs((row[top_ids[t][k]] - lse) - (top_logits[t][k] - lse_ref[t]));
             max_dlogprob = std::max(max_dlogprob, dlp);
         }
     }
@@ -77,10 +77,11 @@ OracleStats compare_with_fixture(const std::string& fixture) {
     st.max_dlogit = max_dlogit;
     st.mean_dlogit = sum_dlogit / n_dlogit;
     st.max_dlse = max_dlse;
-    std::printf("oracle %s (%s): %d positions, top-1 agreement %.4f (%d/%d), max |dlogit| %.4f, "
-                "mean |dlogit| %.4f (top-5 ids), max |dlogsumexp| %.4f, max |dlogprob| %.4f\n",
-                fixture.c_str(), fx.at("mode").get<std::string>().c_str(), n, st.agreement, agree,
-                n, max_dlogit, st.mean_dlogit, max_dlse, max_dlogprob);
+    std::printf(
+        "oracle %s (%s): %d positions, top-1 agreement %.4f (%d/%d), max |dlogit| %.4f, "
+        "mean |dlogit| %.4f (top-5 ids), max |dlogsumexp| %.4f, max |dlogprob| %.4f\n",
+        fixture.c_str(), fx.at("mode").get<std::string>().c_str(), n, st.agreement, agree, n,
+        max_dlogit, st.mean_dlogit, max_dlse, max_dlogprob);
     return st;
 }
 

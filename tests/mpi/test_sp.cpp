@@ -43,7 +43,8 @@ const PhaseTime* phase(const MethodResult& r, const std::string& name) {
 
 TEST_CASE("sp: infoflow at ratio 1 equals full in both exchange modes [6.1]", "[sp]") {
     Setup s;
-    const MethodResult full = run_method(*s.tm.m, s.req, method_config(Config::Method::full), kNoStop);
+    const MethodResult full =
+        run_method(*s.tm.m, s.req, method_config(Config::Method::full), kNoStop);
     for (auto ex : {Config::Exchange::kv, Config::Exchange::exact}) {
         Config cfg = method_config(Config::Method::infoflow, 1.0);
         cfg.parallel.exchange = ex;
@@ -123,7 +124,8 @@ TEST_CASE("sp: kv exchange moves exactly the selected tokens' K/V [5.5]", "[sp]"
 
 TEST_CASE("ring equals full for every layout and exchange [6.3]", "[ring]") {
     Setup s;
-    const MethodResult full = run_method(*s.tm.m, s.req, method_config(Config::Method::full), kNoStop);
+    const MethodResult full =
+        run_method(*s.tm.m, s.req, method_config(Config::Method::full), kNoStop);
     const ModelConfig& c = s.tm.w.config;
     const int N = s.req.context_tokens() + int(s.req.suffix.size());
     for (auto layout : {Config::RingLayout::zigzag, Config::RingLayout::contiguous}) {
