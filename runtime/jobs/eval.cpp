@@ -22,19 +22,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string one_line(std::string s) {
-    for (char& c : s) {
-        if (c == '\n' || c == '\r' || c == '\t') c = ' ';
-    }
-    return s;
-}
-
-std::string fmt(const char* f, double x) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), f, x);
-    return buf;
-}
-
 struct LabelStats : RunTotals {
     double f1 = 0.0;
 };

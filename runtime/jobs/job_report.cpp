@@ -196,4 +196,17 @@ void RunTotals::add(const MethodResult& r, const RunComparison& c) {
     ttft += r.ttft_ms;
 }
 
+std::string one_line(std::string s) {
+    for (char& c : s) {
+        if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+    }
+    return s;
+}
+
+std::string fmt(const char* format, double x) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), format, x);
+    return buf;
+}
+
 }  // namespace infoflow

@@ -36,6 +36,10 @@ Config variant_config(const Config& cfg, const MethodVariant& v);
 // The phases of a run as {"name": ms, ...}.
 nlohmann::json phases_json(const std::vector<PhaseTime>& phases);
 
+// Report text helpers: `s` on one line (newlines and tabs as spaces); printf of one number.
+std::string one_line(std::string s);
+std::string fmt(const char* format, double x);
+
 // A run compared with the reference run of its case: the fields every niah/eval row carries
 // (top1_id, top1_agree, kl, exact_match, selected, selected_fraction, ttft_ms, phases) and their
 // running totals per method label.

@@ -24,19 +24,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string one_line(std::string s) {
-    for (char& c : s) {
-        if (c == '\n' || c == '\r' || c == '\t') c = ' ';
-    }
-    return s;
-}
-
-std::string fmt(const char* f, double x) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), f, x);
-    return buf;
-}
-
 struct LabelStats : RunTotals {
     int correct = 0;
     double needle = 0.0;
@@ -141,7 +128,6 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
                 const RunComparison cmp = compare_runs(ref, r, T);
                 const std::string answer = tok.decode(r.answer);
                 const bool correct = answer.find(nc.answer) != std::string::npos;
-                const bool exact = cmp.exact;
                 const double sel = cmp.selected_fraction;
                 const int needle_begin = prefix_tokens + h.needle_offset;
                 const double recall =
