@@ -393,7 +393,7 @@ TEST_CASE("TOML syntax errors are FILE:LINE:COL", "[cpu][config]") {
     CHECK_THAT(error_of([&] { load_config(missing); }), Contains("'" + missing + "'"));
 }
 
-TEST_CASE("--set overrides every kind of value", "[cpu][config]") {
+TEST_CASE("overrides with --set, every kind of value", "[cpu][config]") {
     const Config c =
         parse("[method]\nratio = 0.1\n",
               {"method.ratio=0.3", "method.name=full", "method.reorder=true",
@@ -426,7 +426,7 @@ TEST_CASE("--set overrides every kind of value", "[cpu][config]") {
     CHECK(d.method.ratio == Approx(0.5));
 }
 
-TEST_CASE("--set errors name the --set key", "[cpu][config]") {
+TEST_CASE("errors in a --set name the --set key", "[cpu][config]") {
     CHECK(error_of([] { parse("", {"method.ratio=high"}); }) ==
           "--set method.ratio: expected a float, got string");
     CHECK(error_of([] { parse("", {"method.ratio=2"}); }) ==
