@@ -180,16 +180,11 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
     for (const auto& v : variants) {
         const LabelStats& st = stats[v.label];
         const double n = std::max(1, st.runs);
-        summary.push_back({{"method", v.label},
-                           {"reference", v.method == Config::Method::full},
-                           {"samples", st.runs},
-                           {"mean_f1", st.f1 / n},
-                           {"score", 100.0 * st.f1 / n},
-                           {"top1_agreement", st.top1 / n},
-                           {"mean_kl", st.kl / n},
-                           {"exact_match", st.exact / n},
-                           {"mean_selected_fraction", st.selected / n},
-                           {"mean_ttft_ms", st.ttft / n}});
+        json row = st.summary(v.label, v.method == Config::Method::full);
+        row["samples"] = st.runs;
+        row["mean_f1"] = st.f1 / n;
+        row["score"] = 100.0 * st.f1 / n;
+        summary.push_back(row);
         table.push_back(
             {v.label + (v.method == Config::Method::full ? " (ref)" : ""), std::to_string(st.runs),
              fmt("%.2f", 100.0 * st.f1 / n), fmt("%.3f", st.top1 / n), fmt("%.4f", st.kl / n),

@@ -196,6 +196,17 @@ void RunTotals::add(const MethodResult& r, const RunComparison& c) {
     ttft += r.ttft_ms;
 }
 
+nlohmann::json RunTotals::summary(const std::string& label, bool reference) const {
+    const double n = std::max(1, runs);
+    return {{"method", label},
+            {"reference", reference},
+            {"top1_agreement", top1 / n},
+            {"mean_kl", kl / n},
+            {"exact_match", exact / n},
+            {"mean_selected_fraction", selected / n},
+            {"mean_ttft_ms", ttft / n}};
+}
+
 std::string one_line(std::string s) {
     for (char& c : s) {
         if (c == '\n' || c == '\r' || c == '\t') c = ' ';

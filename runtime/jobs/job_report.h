@@ -56,6 +56,8 @@ struct RunTotals {
     int runs = 0, top1 = 0, exact = 0;
     double kl = 0.0, selected = 0.0, ttft = 0.0;
     void add(const MethodResult& r, const RunComparison& c);
+    // The summary fields every job reports for a method label (means over its runs).
+    nlohmann::json summary(const std::string& label, bool reference) const;
 };
 
 // Rows as CSV: a header, then one line per row. `columns` come first in the given order; object
