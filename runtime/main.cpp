@@ -5,6 +5,7 @@
 
 #include "comm/communicator.h"
 #include "runtime/config/cli.h"
+#include "runtime/config/config_reference.h"
 #include "runtime/jobs/jobs.h"
 
 int main(int argc, char** argv) {
@@ -18,6 +19,10 @@ int main(int argc, char** argv) {
         }
         if (args.version) {
             std::printf("infoflow_sp %s\n", k_infoflow_version);
+            return 0;
+        }
+        if (args.print_config_reference) {
+            std::printf("%s", config_reference_markdown().c_str());
             return 0;
         }
         const Config cfg = load_config_from_cli(args);

@@ -51,6 +51,9 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
         } else if (flag == "--print-config") {
             no_value();
             out.print_config = true;
+        } else if (flag == "--print-config-reference") {
+            no_value();
+            out.print_config_reference = true;
         } else if (!a.empty() && a[0] == '-') {
             throw Error("unknown option '" + flag + "' (see --help)");
         } else {
@@ -58,7 +61,8 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
                         "--out FILE; see --help)");
         }
     }
-    if (out.config_path.empty() && !out.help && !out.version && !out.print_config) {
+    if (out.config_path.empty() && !out.help && !out.version && !out.print_config &&
+        !out.print_config_reference) {
         throw Error("missing --config FILE (see --help)");
     }
     return out;
@@ -77,13 +81,15 @@ std::string cli_usage(const std::string& program) {
            "bench-ttft | cache-build. Run one rank per GPU under mpirun or srun.\n"
            "\n"
            "options:\n"
-           "  --config FILE      run configuration (TOML); every key is in configs/README.md\n"
+           "  --config FILE      run configuration (TOML); every key is in docs/config.md\n"
            "  --set KEY=VALUE    override one key after the file; VALUE is a TOML value, or\n"
            "                     plain text for strings. Repeatable. Examples:\n"
            "                       --set method.ratio=0.3   --set scoring.layers=[20,21]\n"
            "                       --set method.name=full   --set request.question=\"Who?\"\n"
            "  --out FILE.json    write machine-readable results here (overrides output.path)\n"
            "  --print-config     print the effective config as JSON and exit\n"
+           "  --print-config-reference\n"
+           "                     print the reference of every config key (docs/config.md)\n"
            "  --version          print the version and exit\n"
            "  -h, --help         print this text and exit\n"
            "\n"

@@ -20,11 +20,13 @@ struct CliArgs {
     bool help = false;              // --help, -h: print cli_usage() and exit
     bool version = false;           // --version: print the version and exit
     bool print_config = false;      // --print-config: print the effective config (JSON), exit
+    bool print_config_reference = false;  // --print-config-reference: docs/config.md, exit
 };
 
 // Accepts "--flag value" and "--flag=value". Errors (infoflow::Error) for unknown flags, missing
 // values, positional arguments, a repeated --config / --out, and a missing --config unless
-// --help, --version or --print-config is given (--print-config alone prints the defaults).
+// --help, --version, --print-config or --print-config-reference is given (--print-config alone
+// prints the defaults).
 CliArgs parse_cli(int argc, char** argv);
 CliArgs parse_cli(const std::vector<std::string>& args);  // args without the program name
 

@@ -228,7 +228,31 @@ struct Field {
     std::function<json(const Config&)> get;
     bool is_string = false;        // --set takes any text as the string
     bool is_string_array = false;  // --set accepts [a, b] with bare words
+    std::string type;              // for the reference: "int >= 0", "[float in [0, 1]]", ...
+    std::string choices;           // for the reference: enum spellings "a|b|c"; else empty
 };
+
+// Type text of the reference (docs/config.md): the accepted range, as the setter checks it.
+std::string int_type(int64_t lo, int64_t hi) {
+    if (hi >= std::numeric_limits<int>::max()) return "int >= " + std::to_string(lo);
+    return "int in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+}
+
+std::string float_type(double lo, double hi) {
+    std::ostringstream os;
+    if (hi >= std::numeric_limits<double>::max()) {
+        os << "float >= " << lo;
+    } else {
+        os << "float in [" << lo << ", " << hi << "]";
+    }
+    return os.str();
+}
+
+Field with_type(Field f, std::string type, std::string choices = {}) {
+    f.type = std::move(type);
+    f.choices = std::move(choices);
+    return f;
+}
 
 template <class S>
 using Sec = S Config::*;
@@ -236,34 +260,39 @@ using Sec = S Config::*;
 template <class S, class T>
 Field int_field(const char* key, Sec<S> sec, T S::*mem, int64_t lo,
                 int64_t hi = std::numeric_limits<int>::max()) {
-    return {key,
-            [=](Config& c, const Ctx& x) { (c.*sec).*mem = static_cast<T>(get_int(x, lo, hi)); },
-            [=](const Config& c) { return json((c.*sec).*mem); }};
+    return with_type(
+        {key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = static_cast<T>(get_int(x, lo, hi)); },
+         [=](const Config& c) { return json((c.*sec).*mem); }},
+        int_type(lo, hi));
 }
 
 template <class S>
 Field opt_int_field(const char* key, Sec<S> sec, std::optional<int> S::*mem, int64_t lo) {
-    return {key,
-            [=](Config& c, const Ctx& x) {
-                (c.*sec).*mem = static_cast<int>(get_int(x, lo, std::numeric_limits<int>::max()));
-            },
-            [=](const Config& c) {
-                const auto& v = (c.*sec).*mem;
-                return v ? json(*v) : json(nullptr);
-            }};
+    return with_type(
+        {key,
+         [=](Config& c, const Ctx& x) {
+             (c.*sec).*mem = static_cast<int>(get_int(x, lo, std::numeric_limits<int>::max()));
+         },
+         [=](const Config& c) {
+             const auto& v = (c.*sec).*mem;
+             return v ? json(*v) : json(nullptr);
+         }},
+        int_type(lo, std::numeric_limits<int>::max()));
 }
 
 template <class S>
 Field float_field(const char* key, Sec<S> sec, double S::*mem, double lo,
                   double hi = std::numeric_limits<double>::max()) {
-    return {key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_float(x, lo, hi); },
-            [=](const Config& c) { return json((c.*sec).*mem); }};
+    return with_type({key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_float(x, lo, hi); },
+                      [=](const Config& c) { return json((c.*sec).*mem); }},
+                     float_type(lo, hi));
 }
 
 template <class S>
 Field bool_field(const char* key, Sec<S> sec, bool S::*mem) {
-    return {key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_bool(x); },
-            [=](const Config& c) { return json((c.*sec).*mem); }};
+    return with_type({key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_bool(x); },
+                      [=](const Config& c) { return json((c.*sec).*mem); }},
+                     "bool");
 }
 
 using StringCheck = std::function<void(const Ctx&, const std::string&)>;
@@ -278,13 +307,15 @@ Field string_field(const char* key, Sec<S> sec, std::string S::*mem, StringCheck
             },
             [=](const Config& c) { return json((c.*sec).*mem); }};
     f.is_string = true;
+    f.type = "str";
     return f;
 }
 
 template <class S, class E>
 Field enum_field(const char* key, Sec<S> sec, E S::*mem) {
-    return {key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_enum<E>(x); },
-            [=](const Config& c) { return json(enum_name((c.*sec).*mem)); }};
+    return with_type({key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_enum<E>(x); },
+                      [=](const Config& c) { return json(enum_name((c.*sec).*mem)); }},
+                     "enum", enum_choices<E>());
 }
 
 template <class S>
@@ -305,7 +336,11 @@ Field int_array_field(const char* key, Sec<S> sec, std::vector<int> S::*mem, int
                 }
                 (c.*sec).*mem = std::move(out);
             },
-            [=](const Config& c) { return json((c.*sec).*mem); }};
+            [=](const Config& c) { return json((c.*sec).*mem); },
+            false,
+            false,
+            "[" + int_type(lo, std::numeric_limits<int>::max()) + "]" +
+                (unique ? ", no repeats" : "")};
 }
 
 template <class S>
@@ -320,7 +355,10 @@ Field float_array_field(const char* key, Sec<S> sec, std::vector<double> S::*mem
                 }
                 (c.*sec).*mem = std::move(out);
             },
-            [=](const Config& c) { return json((c.*sec).*mem); }};
+            [=](const Config& c) { return json((c.*sec).*mem); },
+            false,
+            false,
+            "[" + float_type(lo, hi) + "]"};
 }
 
 template <class S>
@@ -339,6 +377,7 @@ Field string_array_field(const char* key, Sec<S> sec, std::vector<std::string> S
             },
             [=](const Config& c) { return json((c.*sec).*mem); }};
     f.is_string_array = true;
+    f.type = non_empty ? "[str], each non-empty" : "[str]";
     return f;
 }
 
@@ -359,6 +398,8 @@ Field enum_array_field(const char* key, Sec<S> sec, std::vector<E> S::*mem) {
                 return j;
             }};
     f.is_string_array = true;
+    f.type = "[enum]";
+    f.choices = enum_choices<E>();
     return f;
 }
 
@@ -387,8 +428,9 @@ const std::vector<Field>& fields() {
     using C = Config;
     static const std::vector<Field> table = [] {
         std::vector<Field> f;
-        f.push_back({"job", [](Config& c, const Ctx& x) { c.job = get_enum<C::Job>(x); },
-                     [](const Config& c) { return json(enum_name(c.job)); }});
+        f.push_back(with_type({"job", [](Config& c, const Ctx& x) { c.job = get_enum<C::Job>(x); },
+                               [](const Config& c) { return json(enum_name(c.job)); }},
+                              "enum", enum_choices<C::Job>()));
 
         const auto model = &C::model;
         f.push_back(string_field("model.path", model, &C::ModelSection::path, check_non_empty));
@@ -796,6 +838,20 @@ void apply_overrides(Config& cfg, const std::vector<std::string>& sets) {
 std::vector<std::string> config_keys() {
     std::vector<std::string> out;
     for (const Field& f : fields()) out.push_back(f.key);
+    return out;
+}
+
+std::vector<ConfigKeyInfo> config_key_info() {
+    const json defaults = Config{}.to_json();
+    std::vector<ConfigKeyInfo> out;
+    for (const Field& f : fields()) {
+        const size_t dot = f.key.find('.');
+        const json& d = dot == std::string::npos
+                            ? defaults.at(f.key)
+                            : defaults.at(f.key.substr(0, dot)).at(f.key.substr(dot + 1));
+        IF_CHECK(!f.type.empty(), "config key '" << f.key << "' has no type text for the reference");
+        out.push_back({f.key, f.type, f.choices, d});
+    }
     return out;
 }
 

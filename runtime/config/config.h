@@ -205,6 +205,17 @@ void apply_overrides(Config& cfg, const std::vector<std::string>& sets);
 // Every key the loader knows, "job" and "section.key", in to_json order.
 std::vector<std::string> config_keys();
 
+// One key as the loader defines it, for the generated reference (docs/config.md,
+// `infoflow_sp --print-config-reference`).
+struct ConfigKeyInfo {
+    std::string key;        // "job" or "section.key"
+    std::string type;       // accepted type and range: "str", "bool", "int >= 0", "[enum]", ...
+    std::string choices;    // enum spellings "a|b|c" for enum keys; empty otherwise
+    nlohmann::json value;   // the default, as in to_json (null: unset)
+};
+// Every key in config_keys() order.
+std::vector<ConfigKeyInfo> config_key_info();
+
 // Scoring layers for a model of `n_layer` layers (DESIGN §3.3): `layers` when non-empty (each
 // must be < n_layer, else an error naming scoring.layers); otherwise [22, 23, 24, 25] when
 // n_layer >= 26, else the four layers ending at round(0.8 * n_layer), clamped to the model.

@@ -11,6 +11,7 @@
 
 #include "runtime/config/cli.h"
 #include "runtime/config/config.h"
+#include "runtime/config/config_reference.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
 
@@ -597,7 +598,8 @@ TEST_CASE("command line", "[cpu][config]") {
     SECTION("usage names every flag") {
         const std::string u = cli_usage();
         for (const char* f :
-             {"--config", "--set", "--out", "--help", "--version", "--print-config"}) {
+             {"--config", "--set", "--out", "--help", "--version", "--print-config",
+              "--print-config-reference"}) {
             CHECK_THAT(u, Contains(f));
         }
     }
@@ -643,10 +645,19 @@ TEST_CASE("every configs/*.toml loads", "[cpu][config]") {
     CHECK(full.request.question == demo.request.question);
 }
 
-TEST_CASE("configs/README.md documents every key", "[cpu][config]") {
-    const std::string readme = read_file(std::string(INFOFLOW_SOURCE_DIR) + "/configs/README.md");
+TEST_CASE("docs/config.md documents every key", "[cpu][config]") {
+    const std::string ref = read_file(std::string(INFOFLOW_SOURCE_DIR) + "/docs/config.md");
+    const std::string generated = config_reference_markdown();
     for (const auto& key : config_keys()) {
         INFO(key);
-        CHECK_THAT(readme, Contains("| `" + key + "` |"));
+        CHECK_THAT(ref, Contains("| `" + key + "` |"));
+        CHECK_THAT(generated, Contains("| `" + key + "` |"));
     }
+    // Types, ranges and defaults in the reference are the loader's own: a few spot checks
+    // against the Config defaults and the range errors the loader gives.
+    CHECK_THAT(generated, Contains("| `method.ratio` | float in [0, 1] | `0.15` |"));
+    CHECK_THAT(generated, Contains("| `chunking.size` | int ≥ 1 | unset |"));
+    CHECK_THAT(generated, Contains("| `niah.lengths` | [int ≥ 1] | `[4096, 8192]` |"));
+    CHECK_THAT(generated, Contains("`full` \\| `none` \\| `infoflow`"));
+    CHECK_THAT(error_of([] { parse("[method]\nratio = 1.5\n"); }), Contains("in [0, 1]"));
 }
