@@ -228,8 +228,8 @@ struct Field {
     std::function<json(const Config&)> get;
     bool is_string = false;        // --set takes any text as the string
     bool is_string_array = false;  // --set accepts [a, b] with bare words
-    std::string type;              // for the reference: "int >= 0", "[float in [0, 1]]", ...
-    std::string choices;           // for the reference: enum spellings "a|b|c"; else empty
+    std::string type = {};         // for the reference: "int >= 0", "[float in [0, 1]]", ...
+    std::string choices = {};      // for the reference: enum spellings "a|b|c"; else empty
 };
 
 // Type text of the reference (docs/config.md): the accepted range, as the setter checks it.
@@ -248,51 +248,48 @@ std::string float_type(double lo, double hi) {
     return os.str();
 }
 
-Field with_type(Field f, std::string type, std::string choices = {}) {
-    f.type = std::move(type);
-    f.choices = std::move(choices);
-    return f;
-}
-
 template <class S>
 using Sec = S Config::*;
 
 template <class S, class T>
 Field int_field(const char* key, Sec<S> sec, T S::*mem, int64_t lo,
                 int64_t hi = std::numeric_limits<int>::max()) {
-    return with_type(
-        {key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = static_cast<T>(get_int(x, lo, hi)); },
-         [=](const Config& c) { return json((c.*sec).*mem); }},
-        int_type(lo, hi));
+    Field f{key,
+            [=](Config& c, const Ctx& x) { (c.*sec).*mem = static_cast<T>(get_int(x, lo, hi)); },
+            [=](const Config& c) { return json((c.*sec).*mem); }};
+    f.type = int_type(lo, hi);
+    return f;
 }
 
 template <class S>
 Field opt_int_field(const char* key, Sec<S> sec, std::optional<int> S::*mem, int64_t lo) {
-    return with_type(
-        {key,
-         [=](Config& c, const Ctx& x) {
-             (c.*sec).*mem = static_cast<int>(get_int(x, lo, std::numeric_limits<int>::max()));
-         },
-         [=](const Config& c) {
-             const auto& v = (c.*sec).*mem;
-             return v ? json(*v) : json(nullptr);
-         }},
-        int_type(lo, std::numeric_limits<int>::max()));
+    Field f{key,
+            [=](Config& c, const Ctx& x) {
+                (c.*sec).*mem = static_cast<int>(get_int(x, lo, std::numeric_limits<int>::max()));
+            },
+            [=](const Config& c) {
+                const auto& v = (c.*sec).*mem;
+                return v ? json(*v) : json(nullptr);
+            }};
+    f.type = int_type(lo, std::numeric_limits<int>::max());
+    return f;
 }
 
 template <class S>
 Field float_field(const char* key, Sec<S> sec, double S::*mem, double lo,
                   double hi = std::numeric_limits<double>::max()) {
-    return with_type({key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_float(x, lo, hi); },
-                      [=](const Config& c) { return json((c.*sec).*mem); }},
-                     float_type(lo, hi));
+    Field f{key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_float(x, lo, hi); },
+            [=](const Config& c) { return json((c.*sec).*mem); }};
+    f.type = float_type(lo, hi);
+    return f;
 }
 
 template <class S>
 Field bool_field(const char* key, Sec<S> sec, bool S::*mem) {
-    return with_type({key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_bool(x); },
-                      [=](const Config& c) { return json((c.*sec).*mem); }},
-                     "bool");
+    Field f{key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_bool(x); },
+            [=](const Config& c) { return json((c.*sec).*mem); }};
+    f.type = "bool";
+    return f;
 }
 
 using StringCheck = std::function<void(const Ctx&, const std::string&)>;
@@ -313,15 +310,17 @@ Field string_field(const char* key, Sec<S> sec, std::string S::*mem, StringCheck
 
 template <class S, class E>
 Field enum_field(const char* key, Sec<S> sec, E S::*mem) {
-    return with_type({key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_enum<E>(x); },
-                      [=](const Config& c) { return json(enum_name((c.*sec).*mem)); }},
-                     "enum", enum_choices<E>());
+    Field f{key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_enum<E>(x); },
+            [=](const Config& c) { return json(enum_name((c.*sec).*mem)); }};
+    f.type = "enum";
+    f.choices = enum_choices<E>();
+    return f;
 }
 
 template <class S>
 Field int_array_field(const char* key, Sec<S> sec, std::vector<int> S::*mem, int64_t lo,
                       bool unique) {
-    return {key,
+    Field f{key,
             [=](Config& c, const Ctx& x) {
                 std::vector<int> out;
                 const auto& a = get_array(x);
@@ -336,17 +335,16 @@ Field int_array_field(const char* key, Sec<S> sec, std::vector<int> S::*mem, int
                 }
                 (c.*sec).*mem = std::move(out);
             },
-            [=](const Config& c) { return json((c.*sec).*mem); },
-            false,
-            false,
-            "[" + int_type(lo, std::numeric_limits<int>::max()) + "]" +
-                (unique ? ", no repeats" : "")};
+            [=](const Config& c) { return json((c.*sec).*mem); }};
+    f.type =
+        "[" + int_type(lo, std::numeric_limits<int>::max()) + "]" + (unique ? ", no repeats" : "");
+    return f;
 }
 
 template <class S>
 Field float_array_field(const char* key, Sec<S> sec, std::vector<double> S::*mem, double lo,
                         double hi) {
-    return {key,
+    Field f{key,
             [=](Config& c, const Ctx& x) {
                 std::vector<double> out;
                 const auto& a = get_array(x);
@@ -355,10 +353,9 @@ Field float_array_field(const char* key, Sec<S> sec, std::vector<double> S::*mem
                 }
                 (c.*sec).*mem = std::move(out);
             },
-            [=](const Config& c) { return json((c.*sec).*mem); },
-            false,
-            false,
-            "[" + float_type(lo, hi) + "]"};
+            [=](const Config& c) { return json((c.*sec).*mem); }};
+    f.type = "[" + float_type(lo, hi) + "]";
+    return f;
 }
 
 template <class S>
@@ -428,9 +425,10 @@ const std::vector<Field>& fields() {
     using C = Config;
     static const std::vector<Field> table = [] {
         std::vector<Field> f;
-        f.push_back(with_type({"job", [](Config& c, const Ctx& x) { c.job = get_enum<C::Job>(x); },
-                               [](const Config& c) { return json(enum_name(c.job)); }},
-                              "enum", enum_choices<C::Job>()));
+        f.push_back({"job", [](Config& c, const Ctx& x) { c.job = get_enum<C::Job>(x); },
+                     [](const Config& c) { return json(enum_name(c.job)); }});
+        f.back().type = "enum";
+        f.back().choices = enum_choices<C::Job>();
 
         const auto model = &C::model;
         f.push_back(string_field("model.path", model, &C::ModelSection::path, check_non_empty));
@@ -849,7 +847,8 @@ std::vector<ConfigKeyInfo> config_key_info() {
         const json& d = dot == std::string::npos
                             ? defaults.at(f.key)
                             : defaults.at(f.key.substr(0, dot)).at(f.key.substr(dot + 1));
-        IF_CHECK(!f.type.empty(), "config key '" << f.key << "' has no type text for the reference");
+        IF_CHECK(!f.type.empty(),
+                 "config key '" << f.key << "' has no type text for the reference");
         out.push_back({f.key, f.type, f.choices, d});
     }
     return out;

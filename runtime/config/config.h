@@ -208,10 +208,10 @@ std::vector<std::string> config_keys();
 // One key as the loader defines it, for the generated reference (docs/config.md,
 // `infoflow_sp --print-config-reference`).
 struct ConfigKeyInfo {
-    std::string key;        // "job" or "section.key"
-    std::string type;       // accepted type and range: "str", "bool", "int >= 0", "[enum]", ...
-    std::string choices;    // enum spellings "a|b|c" for enum keys; empty otherwise
-    nlohmann::json value;   // the default, as in to_json (null: unset)
+    std::string key;       // "job" or "section.key"
+    std::string type;      // accepted type and range: "str", "bool", "int >= 0", "[enum]", ...
+    std::string choices;   // enum spellings "a|b|c" for enum keys; empty otherwise
+    nlohmann::json value;  // the default, as in to_json (null: unset)
 };
 // Every key in config_keys() order.
 std::vector<ConfigKeyInfo> config_key_info();

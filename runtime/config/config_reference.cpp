@@ -104,8 +104,9 @@ const std::map<std::string, std::string>& descriptions() {
         {"parallel.emulate_ranks",
          "on one rank, run the `kv` visibility mask of this many ranks (the oracle of a "
          "P-rank `kv` run); `0` = off"},
-        {"ring.layout", "sequence layout of ring attention: `zigzag` (causal balance) or "
-                        "`contiguous`"},
+        {"ring.layout",
+         "sequence layout of ring attention: `zigzag` (causal balance) or "
+         "`contiguous`"},
         {"ring.exchange",
          "`p2p`: K/V blocks travel around the ring; `allgather`: all-gather K/V per layer (the "
          "authors' baseline)"},
@@ -156,7 +157,11 @@ std::string choices_text(const std::string& choices) {
     return s + "`";
 }
 
+// The type column: the accepted names for enum keys, else the loader's type text with
+// typographic comparison signs.
 std::string type_text(const ConfigKeyInfo& k) {
+    if (k.type == "enum") return choices_text(k.choices);
+    if (k.type == "[enum]") return "[" + choices_text(k.choices) + "]";
     std::string t = k.type;
     for (const char* op : {">=", "<="}) {
         for (size_t p = t.find(op); p != std::string::npos; p = t.find(op)) {
@@ -177,8 +182,8 @@ std::string config_reference_markdown() {
     if (!missing.empty()) {
         std::string list;
         for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
-        IF_FAIL("config keys without a description in runtime/config/config_reference.cpp: "
-                << list);
+        IF_FAIL(
+            "config keys without a description in runtime/config/config_reference.cpp: " << list);
     }
 
     std::ostringstream os;
@@ -196,13 +201,13 @@ std::string config_reference_markdown() {
           "default\n"
           "and an empty file is the default configuration. Ranges are inclusive; an integer is "
           "accepted\n"
-          "where a float is expected, not the reverse. An `enum` key takes one of the names "
-          "listed, an\n"
-          "`[enum]` key an array of them. Unknown keys, wrong types, out-of-range values and "
-          "unknown\n"
-          "names are errors naming the key and `FILE:LINE`. How configs are written, "
-          "`--set` overrides\n"
-          "and relative paths: `configs/README.md`.\n";
+          "where a float is expected, not the reverse. Where the type lists names, the key "
+          "takes one of\n"
+          "them as a string; `[...]` is an array. Unknown keys, wrong types, out-of-range values "
+          "and\n"
+          "unknown names are errors naming the key and `FILE:LINE`. How configs are written, "
+          "`--set`\n"
+          "overrides and relative paths: `configs/README.md`.\n";
 
     std::string section = "?";
     for (const auto& k : keys) {
@@ -215,8 +220,7 @@ std::string config_reference_markdown() {
             os << "\n## " << title << "\n\n"
                << "| key | type | default | meaning |\n|---|---|---|---|\n";
         }
-        std::string meaning = descriptions().at(k.key);
-        if (!k.choices.empty()) meaning = "one of " + choices_text(k.choices) + ": " + meaning;
+        const std::string& meaning = descriptions().at(k.key);
         const std::string def = k.value.is_null() ? "unset" : "`" + toml_text(k.value) + "`";
         os << "| `" << k.key << "` | " << type_text(k) << " | " << def << " | " << meaning
            << " |\n";

@@ -597,9 +597,8 @@ TEST_CASE("command line", "[cpu][config]") {
     }
     SECTION("usage names every flag") {
         const std::string u = cli_usage();
-        for (const char* f :
-             {"--config", "--set", "--out", "--help", "--version", "--print-config",
-              "--print-config-reference"}) {
+        for (const char* f : {"--config", "--set", "--out", "--help", "--version", "--print-config",
+                              "--print-config-reference"}) {
             CHECK_THAT(u, Contains(f));
         }
     }
@@ -658,6 +657,7 @@ TEST_CASE("docs/config.md documents every key", "[cpu][config]") {
     CHECK_THAT(generated, Contains("| `method.ratio` | float in [0, 1] | `0.15` |"));
     CHECK_THAT(generated, Contains("| `chunking.size` | int ≥ 1 | unset |"));
     CHECK_THAT(generated, Contains("| `niah.lengths` | [int ≥ 1] | `[4096, 8192]` |"));
-    CHECK_THAT(generated, Contains("`full` \\| `none` \\| `infoflow`"));
+    CHECK_THAT(generated, Contains("| `method.name` | `full` \\| `none` \\| `infoflow`"));
+    CHECK_THAT(generated, Contains("| `niah.methods` | [`full` \\|"));
     CHECK_THAT(error_of([] { parse("[method]\nratio = 1.5\n"); }), Contains("in [0, 1]"));
 }
