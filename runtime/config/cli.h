@@ -14,13 +14,14 @@ namespace infoflow {
 constexpr const char* k_infoflow_version = "0.1.0";
 
 struct CliArgs {
-    std::string config_path;              // --config FILE
-    std::vector<std::string> sets;        // --set section.key=value, in order, repeatable
-    std::string out_path;                 // --out FILE.json (overrides output.path)
-    bool help = false;                    // --help, -h: print cli_usage() and exit
-    bool version = false;                 // --version: print the version and exit
-    bool print_config = false;            // --print-config: print the effective config (JSON), exit
-    bool print_config_reference = false;  // --print-config-reference: docs/config.md, exit
+    std::string config_path;        // --config FILE
+    std::vector<std::string> sets;  // --set section.key=value, in order, repeatable
+    std::string out_path;           // --out FILE.json (overrides output.path)
+    bool help = false;              // --help, -h: print cli_usage() and exit
+    bool version = false;           // --version: print the version and exit
+    bool print_config = false;      // --print-config: print the effective config (JSON), exit
+    // --print-config-reference: print the config key reference (docs/config.md) and exit.
+    bool print_config_reference = false;
 };
 
 // Accepts "--flag value" and "--flag=value". Errors (infoflow::Error) for unknown flags, missing
