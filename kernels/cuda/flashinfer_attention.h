@@ -7,13 +7,17 @@
 //   launch_flashinfer_prefill: dense causal, bottom-right aligned: query i sees keys
 //       j <= i + (n_kv - n_q). Exact only where that IS the visibility rule, i.e. the queries are
 //       the last n_q rows of the key sequence (attn_dispatch checks it from the positions).
-//       Decode (one query row that sees every key) is this case with n_q = 1; FlashInfer's
-//       split-KV path (the workspace below) gives it parallelism over the keys.
+//       Decode (one query row that sees every key) is this case with n_q = 1; the split-KV path
+//       (FlashInfer's kernel over key chunks, partials merged by our kernel; the workspace
+//       below) gives it parallelism over the keys.
 //   launch_flashinfer_masked: any visibility (the exact `key_pos <= query_pos` rule for
 //       unsorted positions, groups for shard visibility) as FlashInfer's bit-packed custom mask
 //       [n_q, n_kv] (attn_mask.h builds it). The mask is shared by all heads.
-// Not expressible here, left to the backend's own kernel: head dims other than 64 and 128 (not
-// instantiated, to keep the build short), and masks too large for the caller's memory budget.
+// Every visibility rule of AttnParams is expressible (the custom mask carries positions and
+// groups). Left to the backend's own kernel: head dims other than 64 and 128 (not instantiated,
+// to keep the build short), and masks too large for the caller's memory budget (n_q*n_kv/8
+// bytes). These are FlashInfer's FA2 kernels, run on sm_90; its Hopper (FA3) kernels need the
+// CUTLASS/CuTe headers and much longer compiles and are not used.
 // A query that sees no key gets out = 0 and lse = -inf, as in the CPU backend.
 #pragma once
 
