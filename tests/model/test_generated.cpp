@@ -127,3 +127,76 @@ TEST_CASE("slot_runs: consecutive rows to consecutive slots form one run", "[gen
     CHECK(runs({3, 3}) == V{{0, 3, 1}, {1, 3, 1}});
     CHECK(runs({7, 6, 5}) == V{{0, 7, 1}, {1, 6, 1}, {2, 5, 1}});
 }
+
+namespace {
+
+// The CPU backend under another name, so Model takes the path of every non-CPU backend (each
+// tensor loaded once through load_matrix / upload, separate Q/K/V projections) while the
+// arithmetic stays the CPU's: the device path's weight handling checked on any machine.
+class CpuUnderAnotherName final : public Backend {
+  public:
+    std::string name() const override { return "cpu-as-device"; }
+    void set_threads(int n) override { cpu_->set_threads(n); }
+    Buffer alloc(size_t bytes) override { return cpu_->alloc(bytes); }
+    void release(void*) override {}  // buffers are owned by the inner backend
+    void upload(void* d, const void* s, size_t n) override { cpu_->upload(d, s, n); }
+    void download(void* d, const void* s, size_t n) override { cpu_->download(d, s, n); }
+    void copy(void* d, const void* s, size_t n) override { cpu_->copy(d, s, n); }
+    void synchronize() override {}
+    Buffer load_matrix(const float* h, int r, int c) override {
+        ++matrices_loaded;
+        return cpu_->load_matrix(h, r, c);
+    }
+    Buffer random_matrix(int r, int c, const RandomMatrixSpec& s) override {
+        return cpu_->random_matrix(r, c, s);
+    }
+    void embed(const float* t, const int32_t* ids, int n, int e, float* o) override {
+        cpu_->embed(t, ids, n, e, o);
+    }
+    void rms_norm(const float* x, const float* w, int n, int d, float eps, float* o) override {
+        cpu_->rms_norm(x, w, n, d, eps, o);
+    }
+    void matmul(const float* x, const float* w, const float* b, int n, int k, int m, float* o,
+                bool acc) override {
+        cpu_->matmul(x, w, b, n, k, m, o, acc);
+    }
+    void rope(float* x, const int32_t* p, int n, int h, int d, const float* f) override {
+        cpu_->rope(x, p, n, h, d, f);
+    }
+    void attention(const AttnParams& p) override { cpu_->attention(p); }
+    void attention_scores(const ScoreParams& p) override { cpu_->attention_scores(p); }
+    void swiglu(const float* g, const float* u, size_t n, float* o) override {
+        cpu_->swiglu(g, u, n, o);
+    }
+    void add(float* y, const float* x, size_t n) override { cpu_->add(y, x, n); }
+    void lse_merge(float* oa, float* la, const float* ob, const float* lb, int r, int d) override {
+        cpu_->lse_merge(oa, la, ob, lb, r, d);
+    }
+    int matrices_loaded = 0;
+
+  private:
+    std::unique_ptr<Backend> cpu_ = make_cpu_backend(2);
+};
+
+}  // namespace
+
+TEST_CASE("device path of Model: file weights loaded through load_matrix give the CPU logits",
+          "[generated]") {
+    for (const char* shape : {"tiny-qwen2", "tiny-qwen3"}) {
+        ModelConfig c = random_model_config(shape);
+        c.tied_embeddings = false;  // both the embedding table and a separate LM head
+        const ModelWeights w = make_random_weights(c, 8);
+        auto cpu = make_cpu_backend(2);
+        CpuUnderAnotherName dev;
+        Model mc(*cpu, w);
+        Model md(dev, w);
+        CHECK(dev.matrices_loaded == 2 + 7 * c.n_layer);
+        std::vector<int32_t> tokens(29), pos(29);
+        for (int i = 0; i < 29; ++i) tokens[i] = (i * 37 + 1) % c.n_vocab;
+        std::iota(pos.begin(), pos.end(), 3);
+        KvCache kc = mc.make_cache(32), kd = md.make_cache(32);
+        INFO("shape " << shape);
+        CHECK(max_rel_diff(md.forward(kd, tokens, pos, true), mc.forward(kc, tokens, pos, true)) <=
+              1e-5);
+    }
+}
