@@ -237,10 +237,10 @@ class CudaBackend final : public Backend {
     void attention_scores(const ScoreParams& p) override {
         const AttnShape s = check_score_args(p, cuda::kMaxHeadDim);
         if (p.n_q == 0 || p.n_cols == 0) return;
-        IF_CHECK(size_t(p.n_head) * p.head_dim <= size_t(cuda::kMaxScoreQueryFloats),
-                 "attention_scores on cuda: n_head * head_dim = " << p.n_head * p.head_dim << " > "
-                                                                  << cuda::kMaxScoreQueryFloats
-                                                                  << " is not implemented yet");
+        IF_CHECK(size_t(p.n_head) * (p.head_dim + 1) <= size_t(cuda::kMaxScoreSharedFloats),
+                 "attention_scores on cuda: n_head * (head_dim + 1) = "
+                     << p.n_head * (p.head_dim + 1) << " > " << cuda::kMaxScoreSharedFloats
+                     << " is not implemented yet");
         const std::vector<const int32_t*> dev = stage({{p.q_pos, size_t(p.n_q)},
                                                        {p.k_pos, size_t(p.n_cols)},
                                                        {p.q_group, size_t(p.n_q)},

@@ -105,8 +105,9 @@ constexpr int kMaxHeadDim = 512;
 void launch_attention(const AttnParams& p, void* stream);
 // Column scores (Backend::attention_scores): one thread per column, queries visited in turn,
 // nothing of size [n_head, n_q, n_cols] stored. Same preconditions as launch_attention, and
-// n_head * head_dim <= kMaxScoreQueryFloats (one query row lives in shared memory).
-constexpr int kMaxScoreQueryFloats = 8192;
+// n_head * (head_dim + 1) <= kMaxScoreSharedFloats (one query row and its LSE live in shared
+// memory, at most the 48 KiB a block gets without opting in).
+constexpr int kMaxScoreSharedFloats = 12288;
 void launch_attention_scores(const ScoreParams& p, void* stream);
 
 }  // namespace infoflow::cuda
