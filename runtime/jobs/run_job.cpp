@@ -10,7 +10,7 @@
 namespace infoflow {
 
 nlohmann::json run_job(const Config& cfg, Communicator& comm) {
-    std::unique_ptr<Session> s = open_session(cfg);
+    std::unique_ptr<Session> s = open_session(cfg, comm.local_rank());
     s->comm = &comm;
     nlohmann::json result;
     switch (cfg.job) {
