@@ -42,6 +42,10 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
             if (!out.out_path.empty()) throw Error("--out given twice");
             out.out_path = take_value();
             if (out.out_path.empty()) throw Error("--out needs a file name");
+        } else if (flag == "--results-dir") {
+            if (!out.results_dir.empty()) throw Error("--results-dir given twice");
+            out.results_dir = take_value();
+            if (out.results_dir.empty()) throw Error("--results-dir needs a directory");
         } else if (flag == "--help" || flag == "-h") {
             no_value();
             out.help = true;
@@ -57,6 +61,9 @@ CliArgs parse_cli(const std::vector<std::string>& args) {
             throw Error("unexpected argument '" + a + "' (options: --config FILE, --set K=V, " +
                         "--out FILE; see --help)");
         }
+    }
+    if (!out.out_path.empty() && !out.results_dir.empty()) {
+        throw Error("--out and --results-dir exclude each other");
     }
     if (out.config_path.empty() && !out.help && !out.version && !out.print_config) {
         throw Error("missing --config FILE (see --help)");
@@ -83,6 +90,8 @@ std::string cli_usage(const std::string& program) {
            "                       --set method.ratio=0.3   --set scoring.layers=[20,21]\n"
            "                       --set method.name=full   --set request.question=\"Who?\"\n"
            "  --out FILE.json    write machine-readable results here (overrides output.path)\n"
+           "  --results-dir DIR  write them to DIR/NAME.json (+ .csv, .jsonl) instead, NAME =\n"
+           "                     output.name or the config file's name (e.g. bench/results)\n"
            "  --print-config     print the effective config as JSON and exit\n"
            "  --version          print the version and exit\n"
            "  -h, --help         print this text and exit\n"
@@ -98,6 +107,20 @@ Config load_config_from_cli(const CliArgs& args) {
         apply_overrides(cfg, args.sets);
     }
     if (!args.out_path.empty()) cfg.output.path = args.out_path;
+    if (!args.results_dir.empty()) {
+        std::string name = cfg.output.name;
+        if (name.empty()) {
+            const std::string& p = args.config_path;
+            const size_t slash = p.find_last_of('/');
+            name = slash == std::string::npos ? p : p.substr(slash + 1);
+            const size_t dot = name.find_last_of('.');
+            if (dot != std::string::npos && dot > 0) name = name.substr(0, dot);
+        }
+        if (name.empty()) throw Error("--results-dir needs output.name or a --config file");
+        cfg.output.path = args.results_dir + "/" + name + ".json";
+        cfg.output.csv.clear();  // the CSV twin goes next to the JSON
+    }
+    check_implemented(cfg);
     return cfg;
 }
 
