@@ -4,8 +4,8 @@
 #include <exception>
 
 #include "comm/communicator.h"
-#include "runtime/core/build_info.h"
 #include "runtime/config/cli.h"
+#include "runtime/core/build_info.h"
 #include "runtime/jobs/jobs.h"
 
 int main(int argc, char** argv) {

@@ -15,7 +15,7 @@ struct CliArgs {
     std::string config_path;        // --config FILE
     std::vector<std::string> sets;  // --set section.key=value, in order, repeatable
     std::string out_path;           // --out FILE.json (overrides output.path)
-    std::string results_dir;  // --results-dir DIR: results to DIR/<output.name>.json (+ .csv)
+    std::string results_dir;        // --results-dir DIR: results to DIR/<output.name>.json (+ .csv)
     bool help = false;              // --help, -h: print cli_usage() and exit
     bool version = false;           // --version: print the version and exit
     bool print_config = false;      // --print-config: print the effective config (JSON), exit

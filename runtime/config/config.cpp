@@ -637,7 +637,6 @@ class Loader {
   private:
     using Entry = std::pair<std::string, const toml::node*>;
 
-
     // Entries in file order (toml++ tables iterate by key), so the first error is the first in
     // the file.
     static std::vector<Entry> sorted(const toml::table& t) {

@@ -52,8 +52,8 @@ void phase_end(const std::string& name, double ms) {
     const int n = phase_tokens(name);
     char buf[160];
     if (n > 0 && ms > 0.0) {
-        std::snprintf(buf, sizeof buf, "%s done: %.1f ms, %d tokens, %.0f tok/s", name.c_str(),
-                      ms, n, n / (ms / 1000.0));
+        std::snprintf(buf, sizeof buf, "%s done: %.1f ms, %d tokens, %.0f tok/s", name.c_str(), ms,
+                      n, n / (ms / 1000.0));
     } else {
         std::snprintf(buf, sizeof buf, "%s done: %.1f ms", name.c_str(), ms);
     }
@@ -83,16 +83,14 @@ Sweep::Sweep(std::string what, int total)
 
 std::string Sweep::eta() const {
     if (done_ <= 0) return "?";
-    const double el =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     return format_duration(el / done_ * std::max(0, total_ - done_));
 }
 
 void Sweep::step() {
     ++done_;
     if (!g_enabled || what_.empty()) return;
-    const double el =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     std::string line = what_ + " " + std::to_string(done_) + "/" + std::to_string(total_) +
                        ", elapsed " + format_duration(el);
     if (done_ < total_) line += ", ETA " + format_duration(el / done_ * (total_ - done_));

@@ -136,8 +136,9 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
     }
     std::fflush(stdout);
     nlohmann::json j = method_result_json(r, s, cfg, r.ranks);
-    j["reference"] = ref.empty() ? nlohmann::json(nullptr)
-                                 : nlohmann::json{{"text", ref}, {"match", answer_matches(answer, ref)}};
+    j["reference"] = ref.empty()
+                         ? nlohmann::json(nullptr)
+                         : nlohmann::json{{"text", ref}, {"match", answer_matches(answer, ref)}};
     return j;
 }
 

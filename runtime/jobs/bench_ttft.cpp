@@ -4,8 +4,9 @@
 // when ring.exchange = "allgather"), InfoFlow ("kv" and
 // "exact" exchange). Warm-up runs, then min / median / max of bench.runs (a row whose spread
 // exceeds bench.spread_limit is flagged); bytes moved per rank per layer and the phase
-// breakdown. Writes nothing unless output.path / --out / --results-dir asks (CSV next to it). Requests are synthetic token ids (speed does not depend on them);
-// chunking follows [chunking] (fixed chunks of chunking.size, or one chunk per rank when unset).
+// breakdown. Writes nothing unless output.path / --out / --results-dir asks (CSV next to it).
+// Requests are synthetic token ids (speed does not depend on them); chunking follows [chunking]
+// (fixed chunks of chunking.size, or one chunk per rank when unset).
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -174,17 +175,19 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             sweep.step();
             if (root) {
                 std::printf("  %6d tokens  %-16s %10.1f ms (min %.1f, max %.1f)%s\n",
-                            req.context_tokens() + int(req.suffix.size()), v.label.c_str(), med,
-                            lo, hi, noisy ? "  ! noisy" : "");
+                            req.context_tokens() + int(req.suffix.size()), v.label.c_str(), med, lo,
+                            hi, noisy ? "  ! noisy" : "");
                 std::fflush(stdout);
             }
         }
     }
 
     if (root) {
-        std::printf("\nTTFT (%s, %d rank%s, %d thread%s per rank, ratio %.2f, %d runs: min / median / max)\n",
-                    s.weights->source.c_str(), P, P > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
-                    base.method.ratio, base.bench.runs);
+        std::printf(
+            "\nTTFT (%s, %d rank%s, %d thread%s per rank, ratio %.2f, %d runs: min / median / "
+            "max)\n",
+            s.weights->source.c_str(), P, P > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
+            base.method.ratio, base.bench.runs);
         std::printf("%7s  %-16s %5s %9s %9s %9s %7s %9s %9s %14s  %s\n", "tokens", "method",
                     "ranks", "min ms", "median ms", "max ms", "spread", "vs single", "vs ring",
                     "bytes/rk/layer", "phases (median ms)");
@@ -214,9 +217,10 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                         row["bytes_per_rank_per_layer"].get<double>(), ph.c_str());
         }
         if (n_noisy > 0) {
-            std::printf("! %d row%s with spread > %.0f%% (bench.spread_limit): the machine was "
-                        "busy or the runs are too few; speedups from these rows are unreliable\n",
-                        n_noisy, n_noisy > 1 ? "s" : "", 100.0 * base.bench.spread_limit);
+            std::printf(
+                "! %d row%s with spread > %.0f%% (bench.spread_limit): the machine was "
+                "busy or the runs are too few; speedups from these rows are unreliable\n",
+                n_noisy, n_noisy > 1 ? "s" : "", 100.0 * base.bench.spread_limit);
         }
         for (const json& row : rows) std::printf("%s\n", row.dump().c_str());
         const std::string csv_file = csv_path(base);
@@ -241,7 +245,8 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                 line.pop_back();  // the newline; the spread columns follow
                 std::snprintf(buf, sizeof buf, ",%.3f,%.3f,%.4f,%s\n",
                               row["ttft_min_ms"].get<double>(), row["ttft_max_ms"].get<double>(),
-                              row["spread"].get<double>(), row["noisy"].get<bool>() ? "true" : "false");
+                              row["spread"].get<double>(),
+                              row["noisy"].get<bool>() ? "true" : "false");
                 csv += line + buf;
             }
             write_file_atomic(csv_file, csv);

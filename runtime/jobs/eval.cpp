@@ -10,9 +10,10 @@
 #include <cstdio>
 #include <map>
 
+#include "comm/communicator.h"
 #include "runtime/core/error.h"
-#include "runtime/core/progress.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/progress.h"
 #include "runtime/jobs/job_report.h"
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/qa_metrics.h"

@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "runtime/core/error.h"
-
 #include "runtime/jobs/qa_metrics.h"
 
 namespace infoflow {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 
+#include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/progress.h"

@@ -61,10 +61,10 @@ json cpu_json() {
         if (flags.empty() && line.rfind("flags", 0) == 0) flags = value();
         if (!model.empty() && !flags.empty()) break;
     }
-    static const char* k_interesting[] = {"sse4_2",   "avx",         "avx2",        "fma",
-                                          "f16c",     "avx512f",     "avx512bw",    "avx512vl",
+    static const char* k_interesting[] = {"sse4_2",      "avx",         "avx2",     "fma",
+                                          "f16c",        "avx512f",     "avx512bw", "avx512vl",
                                           "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
-                                          "amx_tile", "asimd",       "sve"};
+                                          "amx_tile",    "asimd",       "sve"};
     std::vector<std::string> have;
     std::istringstream words(flags);
     std::vector<std::string> all;

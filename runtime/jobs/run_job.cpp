@@ -20,8 +20,8 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     const char* quiet = std::getenv("INFOFLOW_PROGRESS");
     progress::set_enabled(comm.rank() == 0 && !(quiet && std::strcmp(quiet, "0") == 0));
     progress::set_phase_lines(true);
-    progress::note("job " + std::string(to_string(cfg.job)) + " on " +
-                   std::to_string(comm.size()) + " rank" + (comm.size() > 1 ? "s" : ""));
+    progress::note("job " + std::string(to_string(cfg.job)) + " on " + std::to_string(comm.size()) +
+                   " rank" + (comm.size() > 1 ? "s" : ""));
     progress::note("load " + cfg.model.path + " ...");
     std::unique_ptr<Session> s = open_session(cfg);
     progress::phase_end("load", s->load_ms);

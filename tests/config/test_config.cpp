@@ -602,9 +602,8 @@ TEST_CASE("command line", "[cpu][config]") {
     }
     SECTION("usage names every flag") {
         const std::string u = cli_usage();
-        for (const char* f :
-             {"--config", "--set", "--out", "--results-dir", "--help", "--version",
-              "--print-config"}) {
+        for (const char* f : {"--config", "--set", "--out", "--results-dir", "--help", "--version",
+                              "--print-config"}) {
             CHECK_THAT(u, Contains(f));
         }
     }
@@ -639,15 +638,15 @@ TEST_CASE("planned features are rejected on the command line", "[cpu][config]") 
     for (const auto& [set, what] : cases) {
         INFO(set);
         CHECK_NOTHROW(parse("", {set}));
-        const std::string e =
-            error_of([&] { load_config_from_cli(parse_cli({"--print-config", "--set", set})); });
+        const std::string e = error_of([&] {
+            load_config_from_cli(parse_cli({"--print-config", "--set", set}));
+        });
         CHECK_THAT(e, Contains(what) && Contains("not implemented yet"));
     }
     CHECK_NOTHROW(load_config_from_cli(parse_cli({"--print-config"})));
 }
 
-TEST_CASE("--results-dir names the results after output.name or the config file",
-          "[cpu][config]") {
+TEST_CASE("results-dir names the results after output.name or the config file", "[cpu][config]") {
     TempDir dir;
     const std::string p = dir.write("bench-x.toml", "[output]\ncsv = \"elsewhere.csv\"\n");
     const Config a = load_config_from_cli(parse_cli({"--config", p, "--results-dir", "res"}));

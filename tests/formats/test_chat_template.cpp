@@ -252,11 +252,11 @@ TEST_CASE("auto refuses a model with neither ChatML nor Llama-3 markers", "[chat
         }
         vocab[s] = b;
     }
-    json j = {{"added_tokens", json::array({{{"id", 256}, {"content", "</s>"}, {"special", true}}})},
-              {"normalizer", nullptr},
-              {"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", true}}},
-              {"model",
-               {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+    json j = {
+        {"added_tokens", json::array({{{"id", 256}, {"content", "</s>"}, {"special", true}}})},
+        {"normalizer", nullptr},
+        {"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", true}}},
+        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
     fs::path dir =
         fs::temp_directory_path() / ("infoflow_chat_raw_" + std::to_string(std::random_device{}()));
     fs::create_directories(dir);
@@ -265,7 +265,7 @@ TEST_CASE("auto refuses a model with neither ChatML nor Llama-3 markers", "[chat
     Tokenizer tok = Tokenizer::from_hf_dir(dir.string());
     fs::remove_all(dir);
     using Catch::Matchers::Contains;
-    CHECK_THROWS_WITH(ChatTemplate(tok), Contains("neither ChatML nor Llama-3") &&
-                                             Contains("request.chat_template"));
+    CHECK_THROWS_WITH(ChatTemplate(tok),
+                      Contains("neither ChatML nor Llama-3") && Contains("request.chat_template"));
     CHECK(ChatTemplate(tok, "raw").format() == ChatFormat::raw);
 }
