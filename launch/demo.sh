@@ -8,8 +8,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 echo "[demo] 1/3 set-up: Debian packages and the model (launch/setup.sh)"
 "$root/launch/setup.sh"
-echo "[demo] 2/3 build (launch/build.sh)"
-INFOFLOW_BUILD_QUIET="${INFOFLOW_BUILD_QUIET:-1}" "$root/launch/build.sh"
+echo "[demo] 2/3 build infoflow_sp (launch/build.sh; launch/test.sh builds and runs the tests)"
+INFOFLOW_BUILD_QUIET="${INFOFLOW_BUILD_QUIET:-1}" INFOFLOW_BUILD_TARGET=infoflow_sp \
+    "$root/launch/build.sh"
 ranks="${INFOFLOW_RANKS:-2}"
 echo "[demo] 3/3 answer configs/demo.toml on $ranks MPI ranks"
 cd "$root"

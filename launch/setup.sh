@@ -26,9 +26,12 @@ if [ "${SKIP_APT:-0}" != "1" ]; then
         echo "[setup] apt-get update"
         $sudo_cmd apt-get update -qq
         # One line per package as apt unpacks and sets it up, instead of minutes of silence.
+        set +e
         DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends \
             "${missing[@]}" 2>&1 | grep --line-buffered -E '^(Setting up|E:)' | sed -u 's/^/[setup]   /'
-        [ "${PIPESTATUS[0]}" = "0" ] || { echo "[setup] error: apt-get install failed" >&2; exit 1; }
+        rc=${PIPESTATUS[0]}
+        set -e
+        [ "$rc" = "0" ] || { echo "[setup] error: apt-get install failed (rc $rc)" >&2; exit 1; }
     else
         echo "[setup] all packages present"
     fi
