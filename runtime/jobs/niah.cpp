@@ -110,7 +110,8 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
     json rows = json::array();
     // Each finished row goes to <out>.jsonl at once; per-phase progress lines would drown the
     // per-case lines, so the sweep reports cases (done/total, ETA) instead.
-    RowLog row_log(s.comm->rank() == 0 ? jsonl_path(cfg) : std::string());
+    // Rank 0 only (a session without a communicator is a single process).
+    RowLog row_log(!s.comm || s.comm->rank() == 0 ? jsonl_path(cfg) : std::string());
     if (!row_log.path().empty()) {
         std::printf("rows       : %s (one line per finished run)\n", row_log.path().c_str());
     }

@@ -157,7 +157,7 @@ version)
     grep -Eq '^infoflow_sp [0-9]+\.[0-9]+\.[0-9]+ \(commit ([0-9a-f]{7,}(-dirty)?|unknown), ' \
         "$tmp/out.txt" || fail "no version and commit"
     want="$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
-    grep -q "commit $want" "$tmp/out.txt" || fail "commit is not HEAD ($want)"
+    grep -q "commit $want" "$tmp/out.txt" || fail "commit is not HEAD ($want): rebuild, the binary was built from another commit"
     grep -q '^features: cpu ' "$tmp/out.txt" || fail "no build features"
     ;;
 schema)
