@@ -58,12 +58,16 @@ const std::map<std::string, std::string>& descriptions() {
          "line with a string `\"text\"` (or `\"context\"`), or a JSON string; `.txt` = documents "
          "separated by lines holding only `---`, each trimmed, empty ones skipped"},
         {"request.question", "the question"},
+        {"request.reference",
+         "expected answer: printed next to the model's answer with whether the answer contains it "
+         "(case-insensitive), and stored in the result JSON"},
         {"request.question_file", "the question from a text file instead (not both), trimmed"},
         {"request.template",
          "instruction template around the question (`longbench` is the paper's wording, `raw` "
          "adds nothing)"},
         {"request.chat_template",
-         "chat format; `auto` detects it from the model file's template and tokenizer"},
+         "chat format; `auto` detects it from the model file (ChatML or Llama-3; an error when it "
+         "is neither: set `raw` for no template)"},
         {"chunking.mode",
          "`passage`: one chunk per document; `fixed`: the concatenated context cut into chunks "
          "of `chunking.size` tokens"},
@@ -130,6 +134,8 @@ const std::map<std::string, std::string>& descriptions() {
         {"bench.methods", "methods, as in `method.name`"},
         {"bench.runs", "timed runs per row; the median is reported"},
         {"bench.warmup", "untimed runs before them"},
+        {"bench.spread_limit",
+         "flag a row (`!`) whose (max - min) / median over the timed runs exceeds this"},
         {"bench.threads", "CPU threads per rank for the benchmark; `0` = `model.threads`"},
         {"cache.path", "HDF5 KV-cache store (planned, docs/design.md §8)"},
         {"cache.build_from",
@@ -137,6 +143,9 @@ const std::map<std::string, std::string>& descriptions() {
          "`cache-build` job"},
         {"output.path", "results JSON (`--out` overrides it)"},
         {"output.csv", "table rows as CSV (`niah`, `bench-ttft`, `eval`)"},
+        {"output.name",
+         "file name (without extension) of the results written by `--results-dir`; empty = the "
+         "config file's name"},
     };
     return d;
 }
