@@ -438,6 +438,7 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("parallel.exchange", par, &C::ParallelSection::exchange));
         f.push_back(
             int_field("parallel.emulate_ranks", par, &C::ParallelSection::emulate_ranks, 0));
+        f.push_back(float_field("parallel.timeout_s", par, &C::ParallelSection::timeout_s, 1e-3));
 
         f.push_back(enum_field("ring.layout", &C::ring, &C::RingSection::layout));
         f.push_back(enum_field("ring.exchange", &C::ring, &C::RingSection::exchange));
