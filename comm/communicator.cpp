@@ -532,8 +532,7 @@ int env_int(const char* name, int fallback) {
     return (end && *end == '\0' && x >= 0 && x < (1L << 30)) ? static_cast<int>(x) : fallback;
 }
 
-void check_kind(const std::string& kind, bool have_mpi = k_have_mpi,
-                bool have_nccl = k_have_nccl) {
+void check_kind(const std::string& kind, bool have_mpi = k_have_mpi, bool have_nccl = k_have_nccl) {
     IF_CHECK(kind == "auto" || kind == "mpi" || kind == "self" || kind == "nccl",
              "unknown communicator kind '" << kind << "' (expected auto, mpi, self or nccl)");
     IF_CHECK(kind != "nccl" || have_nccl,

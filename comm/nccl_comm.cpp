@@ -98,8 +98,7 @@ PointerSpace classify_pointer(const void* p, const char* what) {
         case cudaMemoryTypeUnregistered:
             return PointerSpace::host;
     }
-    IF_FAIL("unknown CUDA memory type " << static_cast<int>(a.type) << " of " << what << " "
-                                        << p);
+    IF_FAIL("unknown CUDA memory type " << static_cast<int>(a.type) << " of " << what << " " << p);
 }
 
 PointerSpace call_space(const char* call, std::initializer_list<PointerSpace> spaces) {
@@ -172,9 +171,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double now_s() {
-    return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
@@ -361,14 +358,13 @@ class NcclComm final : public Communicator {
   protected:
     void do_barrier(Stream stream) override {
         run_device("barrier", stream, [&](cudaStream_t s) {
-            IF_NCCL_CHECK(ncclAllReduce(scratch_.get(), scratch_.get(), 1, ncclInt32, ncclSum,
-                                        comm_, s));
+            IF_NCCL_CHECK(
+                ncclAllReduce(scratch_.get(), scratch_.get(), 1, ncclInt32, ncclSum, comm_, s));
         });
     }
 
     void do_broadcast(void* buf, size_t bytes, int root, Stream stream) override {
-        if (space("broadcast", {classify_pointer(buf, "broadcast buffer")}) ==
-            PointerSpace::host) {
+        if (space("broadcast", {classify_pointer(buf, "broadcast buffer")}) == PointerSpace::host) {
             sync_stream("broadcast", stream);
             host_->broadcast(buf, bytes, root);
             return;
@@ -388,8 +384,7 @@ class NcclComm final : public Communicator {
         }
         run_device("all_reduce", stream, [&](cudaStream_t s) {
             if (count == 0) return;
-            IF_NCCL_CHECK(
-                ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, s));
+            IF_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, s));
         });
     }
 
@@ -502,13 +497,14 @@ class NcclComm final : public Communicator {
         run_device("sendrecv", stream, [&](cudaStream_t s) {
             if (dest == r) {
                 if (send_bytes > 0 && send != recv) {
-                    IF_CUDA_CHECK(cudaMemcpyAsync(recv, send, send_bytes,
-                                                  cudaMemcpyDeviceToDevice, s));
+                    IF_CUDA_CHECK(
+                        cudaMemcpyAsync(recv, send, send_bytes, cudaMemcpyDeviceToDevice, s));
                 }
                 return;
             }
             IF_NCCL_CHECK(ncclGroupStart());
-            if (send_bytes > 0) IF_NCCL_CHECK(ncclSend(send, send_bytes, ncclUint8, dest, comm_, s));
+            if (send_bytes > 0)
+                IF_NCCL_CHECK(ncclSend(send, send_bytes, ncclUint8, dest, comm_, s));
             if (recv_bytes > 0) IF_NCCL_CHECK(ncclRecv(recv, recv_bytes, ncclUint8, src, comm_, s));
             IF_NCCL_CHECK(ncclGroupEnd());
         });
@@ -538,8 +534,10 @@ class NcclComm final : public Communicator {
         flush_p2p();
         const double t0 = now_s();
         IF_CUDA_CHECK(cudaEventRecord(event_.get(), cuda_stream(stream)));
-        wait_event(event_.get(), std::string(op) + " (waiting for the stream before a host-buffer "
-                                                   "call)",
+        wait_event(event_.get(),
+                   std::string(op) +
+                       " (waiting for the stream before a host-buffer "
+                       "call)",
                    t0);
     }
 
@@ -620,9 +618,9 @@ NcclComm::Boot NcclComm::boot(Communicator& host, double timeout_s) {
     std::vector<BootRecord> all(p);
     host.all_gather(&mine, sizeof mine, all.data());
     for (int r = 0; r < p; ++r) {
-        IF_CHECK(all[r].problem[0] == '\0', "communicator 'nccl': rank "
-                                                << r << " on host " << all[r].host << ": "
-                                                << all[r].problem);
+        IF_CHECK(all[r].problem[0] == '\0', "communicator 'nccl': rank " << r << " on host "
+                                                                         << all[r].host << ": "
+                                                                         << all[r].problem);
     }
     for (int r = 0; r < p; ++r) {
         for (int q = 0; q < r; ++q) {
@@ -677,22 +675,22 @@ void NcclComm::start_group(const std::vector<P2pPending>& msgs, P2pGroup& g) {
     for (size_t i = 0; i < msgs.size(); ++i) {
         if (msgs[i].peer != r || used[i]) continue;
         size_t j = i + 1;
-        while (j < msgs.size() && (used[j] || msgs[j].peer != r ||
-                                   msgs[j].is_send == msgs[i].is_send || msgs[j].tag != msgs[i].tag)) {
+        while (j < msgs.size() &&
+               (used[j] || msgs[j].peer != r || msgs[j].is_send == msgs[i].is_send ||
+                msgs[j].tag != msgs[i].tag)) {
             ++j;
         }
-        IF_CHECK(j < msgs.size(), "NCCL communicator: "
-                                      << (msgs[i].is_send ? "send to" : "receive from") << " rank "
-                                      << r << " with tag " << msgs[i].tag << " has no matching "
-                                      << (msgs[i].is_send ? "receive" : "send")
-                                      << " posted before the transfer started; it would deadlock");
+        IF_CHECK(j < msgs.size(),
+                 "NCCL communicator: " << (msgs[i].is_send ? "send to" : "receive from") << " rank "
+                                       << r << " with tag " << msgs[i].tag << " has no matching "
+                                       << (msgs[i].is_send ? "receive" : "send")
+                                       << " posted before the transfer started; it would deadlock");
         used[i] = used[j] = true;
         const P2pPending* s = msgs[i].is_send ? &msgs[i] : &msgs[j];
         const P2pPending* v = msgs[i].is_send ? &msgs[j] : &msgs[i];
-        IF_CHECK(s->bytes == v->bytes, "irecv from rank " << r << " (tag " << v->tag << ") posted "
-                                                          << v->bytes
-                                                          << " bytes but the message has "
-                                                          << s->bytes);
+        IF_CHECK(s->bytes == v->bytes, "irecv from rank "
+                                           << r << " (tag " << v->tag << ") posted " << v->bytes
+                                           << " bytes but the message has " << s->bytes);
         self_pairs.push_back({s, v});
     }
     const cudaStream_t s = msgs.front().stream;
