@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -175,6 +176,30 @@ double now_s() { return std::chrono::duration<double>(Clock::now().time_since_ep
 
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
+// ncclCommAbort, waiting for it at most max_s seconds. On an error path the job must end even
+// when the abort itself stalls (it may wait for device work that never finishes); the process
+// ends right after, so a call still running is left behind (then: ncclInProgress).
+constexpr double k_abort_wait_s = 2.0;
+
+ncclResult_t abort_bounded(ncclComm_t comm, double max_s) {
+    struct State {
+        std::atomic<bool> done{false};
+        ncclResult_t rc = ncclSuccess;
+    };
+    auto st = std::make_shared<State>();
+    try {
+        std::thread([comm, st] {
+            st->rc = ncclCommAbort(comm);
+            st->done = true;
+        }).detach();
+    } catch (const std::exception&) {  // no thread: abort in this one
+        return ncclCommAbort(comm);
+    }
+    const double t0 = now_s();
+    while (!st->done && now_s() - t0 < max_s) sleep_s(1e-3);
+    return st->done ? st->rc : ncclInProgress;
+}
+
 // A CUDA event for completion only (no timing). Move-only.
 class CudaEvent {
   public:
@@ -237,6 +262,19 @@ cudaStream_t cuda_stream(Stream s) { return static_cast<cudaStream_t>(s); }
 
 const char* at(const void* base, size_t off) { return static_cast<const char*>(base) + off; }
 char* at(void* base, size_t off) { return static_cast<char*>(base) + off; }
+
+size_t total(const std::vector<size_t>& bytes) {
+    size_t t = 0;
+    for (size_t b : bytes) t += b;
+    return t;
+}
+
+// A buffer of zero bytes takes part in no transfer and is not classified: its pointer may be
+// null or one past the end of an allocation (an empty in-place block), which CUDA does not
+// know as device memory.
+PointerSpace buffer_space(const void* p, size_t bytes, const char* what) {
+    return bytes == 0 ? PointerSpace::none : classify_pointer(p, what);
+}
 
 std::vector<size_t> offsets(const std::vector<size_t>& bytes) {
     std::vector<size_t> off(bytes.size(), 0);
@@ -323,10 +361,12 @@ class NcclComm final : public Communicator {
         // A peer may never join a clean shutdown while an exception unwinds, and an abandoned
         // started group may never complete: abort then; destroy otherwise.
         const bool error_path = std::uncaught_exceptions() > uncaught_at_init_ || dirty_;
-        const ncclResult_t rc = error_path ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
+        const ncclResult_t rc =
+            error_path ? abort_bounded(comm_, k_abort_wait_s) : ncclCommDestroy(comm_);
         if (rc != ncclSuccess) {
             std::fprintf(stderr, "warning: %s failed: %s\n",
-                         error_path ? "ncclCommAbort" : "ncclCommDestroy", ncclGetErrorString(rc));
+                         error_path ? "ncclCommAbort" : "ncclCommDestroy",
+                         rc == ncclInProgress ? "still running" : ncclGetErrorString(rc));
         }
         comm_ = nullptr;
     }
@@ -336,7 +376,7 @@ class NcclComm final : public Communicator {
 
     [[noreturn]] void abort(int code, const std::string& msg) override {
         if (comm_) {
-            ncclCommAbort(comm_);
+            abort_bounded(comm_, k_abort_wait_s);
             comm_ = nullptr;
         }
         host_->abort(code, msg);
@@ -364,7 +404,7 @@ class NcclComm final : public Communicator {
     }
 
     void do_broadcast(void* buf, size_t bytes, int root, Stream stream) override {
-        if (space("broadcast", {classify_pointer(buf, "broadcast buffer")}) == PointerSpace::host) {
+        if (space("broadcast", {buffer_space(buf, bytes, "broadcast buffer")}) == PointerSpace::host) {
             sync_stream("broadcast", stream);
             host_->broadcast(buf, bytes, root);
             return;
@@ -376,7 +416,7 @@ class NcclComm final : public Communicator {
     }
 
     void do_all_reduce(void* buf, size_t count, DType dtype, ReduceOp op, Stream stream) override {
-        if (space("all_reduce", {classify_pointer(buf, "all_reduce buffer")}) ==
+        if (space("all_reduce", {buffer_space(buf, count, "all_reduce buffer")}) ==
             PointerSpace::host) {
             sync_stream("all_reduce", stream);
             host_->all_reduce(buf, count, dtype, op);
@@ -390,8 +430,8 @@ class NcclComm final : public Communicator {
 
     void do_all_gather(const void* send, size_t bytes_per_rank, void* recv,
                        Stream stream) override {
-        if (space("all_gather", {classify_pointer(send, "all_gather send buffer"),
-                                 classify_pointer(recv, "all_gather recv buffer")}) ==
+        if (space("all_gather", {buffer_space(send, bytes_per_rank, "all_gather send buffer"),
+                                 buffer_space(recv, bytes_per_rank, "all_gather recv buffer")}) ==
             PointerSpace::host) {
             sync_stream("all_gather", stream);
             host_->all_gather(send, bytes_per_rank, recv);
@@ -405,8 +445,8 @@ class NcclComm final : public Communicator {
 
     void do_all_gather_v(const void* send, size_t send_bytes, void* recv,
                          const std::vector<size_t>& recv_bytes, Stream stream) override {
-        if (space("all_gather_v", {classify_pointer(send, "all_gather_v send buffer"),
-                                   classify_pointer(recv, "all_gather_v recv buffer")}) ==
+        if (space("all_gather_v", {buffer_space(send, send_bytes, "all_gather_v send buffer"),
+                                   buffer_space(recv, total(recv_bytes), "all_gather_v recv buffer")}) ==
             PointerSpace::host) {
             sync_stream("all_gather_v", stream);
             host_->all_gather_v(send, send_bytes, recv, recv_bytes);
@@ -429,8 +469,8 @@ class NcclComm final : public Communicator {
 
     void do_all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                          const std::vector<size_t>& recv_bytes, Stream stream) override {
-        if (space("all_to_all_v", {classify_pointer(send, "all_to_all_v send buffer"),
-                                   classify_pointer(recv, "all_to_all_v recv buffer")}) ==
+        if (space("all_to_all_v", {buffer_space(send, total(send_bytes), "all_to_all_v send buffer"),
+                                   buffer_space(recv, total(recv_bytes), "all_to_all_v recv buffer")}) ==
             PointerSpace::host) {
             sync_stream("all_to_all_v", stream);
             host_->all_to_all_v(send, send_bytes, recv, recv_bytes);
@@ -461,7 +501,7 @@ class NcclComm final : public Communicator {
 
     std::unique_ptr<RequestImpl> do_isend(const void* buf, size_t bytes, int dest, int tag,
                                           Stream stream) override {
-        if (space("isend", {classify_pointer(buf, "isend buffer")}) == PointerSpace::host) {
+        if (space("isend", {buffer_space(buf, bytes, "isend buffer")}) == PointerSpace::host) {
             sync_stream("isend", stream);
             return std::make_unique<HostRequest>(host_->isend(buf, bytes, dest, tag));
         }
@@ -470,7 +510,7 @@ class NcclComm final : public Communicator {
 
     std::unique_ptr<RequestImpl> do_irecv(void* buf, size_t bytes, int src, int tag,
                                           Stream stream) override {
-        if (space("irecv", {classify_pointer(buf, "irecv buffer")}) == PointerSpace::host) {
+        if (space("irecv", {buffer_space(buf, bytes, "irecv buffer")}) == PointerSpace::host) {
             sync_stream("irecv", stream);
             return std::make_unique<HostRequest>(host_->irecv(buf, bytes, src, tag));
         }
@@ -479,8 +519,8 @@ class NcclComm final : public Communicator {
 
     void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
                      int src, int tag, Stream stream) override {
-        if (space("sendrecv", {classify_pointer(send, "sendrecv send buffer"),
-                               classify_pointer(recv, "sendrecv recv buffer")}) ==
+        if (space("sendrecv", {buffer_space(send, send_bytes, "sendrecv send buffer"),
+                               buffer_space(recv, recv_bytes, "sendrecv recv buffer")}) ==
             PointerSpace::host) {
             sync_stream("sendrecv", stream);
             host_->sendrecv(send, send_bytes, dest, recv, recv_bytes, src, tag);

@@ -14,15 +14,17 @@
 //
 // Which library moves a call's data: the memory rule. Debian's Open MPI is not CUDA-aware
 // (FORMATS §9.4), so a device pointer never reaches MPI. Each call's non-null buffers are
-// classified with classify_pointer():
+// classified with classify_pointer() (buffers of zero bytes are not):
 //   - all device (or managed) memory: NCCL, on `stream`;
 //   - all host memory (pageable or pinned): the host channel (MPI, or copies for one rank),
 //     after the host waited for `stream` (nullptr: the legacy default stream), so host buffers
 //     written by earlier stream work (an async device-to-host copy) are complete;
 //   - host and device mixed: an infoflow::Error naming the call;
-//   - no non-null buffer (a zero-byte call, barrier): NCCL.
+//   - no buffer with data (a zero-byte call, barrier): NCCL.
 // Every rank must classify a collective alike: pass host buffers for small control data
-// (scores, statistics, config hashes) on every rank, and a non-null pointer even for zero bytes.
+// (scores, statistics, config hashes) on every rank, and let every rank of a host-buffer
+// collective have data in at least one buffer (a rank with nothing to send or receive in an
+// all_to_all_v would take the NCCL path; recv buffers of gathers always hold data).
 // Bytes, calls and wait time are counted by the Communicator base class whichever path runs
 // (the host channel's own statistics are internal and never reported).
 //
@@ -40,11 +42,13 @@
 // is a device copy and is checked (size, a partner posted) like SelfComm's.
 //
 // Watchdog (DESIGN §11). A device operation that has not completed `timeout_s` seconds after it
-// was enqueued ends the job: ncclCommAbort, then "[rank r/P] error: NCCL <op> in phase <phase>
-// did not complete within N s" and the host channel's abort (MPI_Abort: every rank ends). An
-// asynchronous NCCL error (a peer died, a network failure) throws infoflow::Error naming the op
-// and the phase. Destruction: ncclCommDestroy normally, ncclCommAbort while an exception is
-// unwinding (a peer may never join a clean shutdown).
+// was enqueued ends the job: ncclCommAbort (waited for at most 2 s: it may itself wait for the
+// stuck device work), then "[rank r/P] error: NCCL <op> in phase <phase> did not complete within
+// N s" and the host channel's abort (MPI_Abort: every rank ends; one rank without MPI: _Exit).
+// An asynchronous NCCL error (a peer died, a network failure) or a CUDA error on the op's event
+// throws infoflow::Error naming the op and the phase. Destruction: ncclCommDestroy normally,
+// ncclCommAbort (bounded the same way) while an exception is unwinding or after a started
+// isend/irecv was abandoned (a peer may never join a clean shutdown).
 #pragma once
 
 #include <functional>

@@ -93,8 +93,9 @@ struct Config {
     struct ParallelSection {
         Comm comm = Comm::automatic;
         Exchange exchange = Exchange::kv;
-        int emulate_ranks = 0;     // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
-        double timeout_s = 600.0;  // >= 0.001: deadline of one collective (DESIGN §11)
+        int emulate_ranks = 0;  // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+        // >= 0.001: deadline of one collective, seconds (DESIGN §11)
+        double timeout_s = 600.0;
     };
     struct RingSection {
         RingLayout layout = RingLayout::zigzag;

@@ -10,6 +10,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>

@@ -4,6 +4,7 @@
 // channel, after the stream), the mixed-buffer error and the pointer classification of real
 // device, managed and pinned memory. Deadlock rule (FORMATS §11.3): every rank runs every
 // collective of a case; only CHECK after communication.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
