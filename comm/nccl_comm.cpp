@@ -404,7 +404,8 @@ class NcclComm final : public Communicator {
     }
 
     void do_broadcast(void* buf, size_t bytes, int root, Stream stream) override {
-        if (space("broadcast", {buffer_space(buf, bytes, "broadcast buffer")}) == PointerSpace::host) {
+        if (space("broadcast", {buffer_space(buf, bytes, "broadcast buffer")}) ==
+            PointerSpace::host) {
             sync_stream("broadcast", stream);
             host_->broadcast(buf, bytes, root);
             return;
@@ -445,8 +446,9 @@ class NcclComm final : public Communicator {
 
     void do_all_gather_v(const void* send, size_t send_bytes, void* recv,
                          const std::vector<size_t>& recv_bytes, Stream stream) override {
-        if (space("all_gather_v", {buffer_space(send, send_bytes, "all_gather_v send buffer"),
-                                   buffer_space(recv, total(recv_bytes), "all_gather_v recv buffer")}) ==
+        if (space("all_gather_v",
+                  {buffer_space(send, send_bytes, "all_gather_v send buffer"),
+                   buffer_space(recv, total(recv_bytes), "all_gather_v recv buffer")}) ==
             PointerSpace::host) {
             sync_stream("all_gather_v", stream);
             host_->all_gather_v(send, send_bytes, recv, recv_bytes);
@@ -469,8 +471,9 @@ class NcclComm final : public Communicator {
 
     void do_all_to_all_v(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                          const std::vector<size_t>& recv_bytes, Stream stream) override {
-        if (space("all_to_all_v", {buffer_space(send, total(send_bytes), "all_to_all_v send buffer"),
-                                   buffer_space(recv, total(recv_bytes), "all_to_all_v recv buffer")}) ==
+        if (space("all_to_all_v",
+                  {buffer_space(send, total(send_bytes), "all_to_all_v send buffer"),
+                   buffer_space(recv, total(recv_bytes), "all_to_all_v recv buffer")}) ==
             PointerSpace::host) {
             sync_stream("all_to_all_v", stream);
             host_->all_to_all_v(send, send_bytes, recv, recv_bytes);
@@ -574,11 +577,7 @@ class NcclComm final : public Communicator {
         flush_p2p();
         const double t0 = now_s();
         IF_CUDA_CHECK(cudaEventRecord(event_.get(), cuda_stream(stream)));
-        wait_event(event_.get(),
-                   std::string(op) +
-                       " (waiting for the stream before a host-buffer "
-                       "call)",
-                   t0);
+        wait_event(event_.get(), std::string(op) + " (the stream before its host buffers)", t0);
     }
 
     template <class F>
