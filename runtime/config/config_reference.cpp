@@ -100,8 +100,12 @@ const std::map<std::string, std::string>& descriptions() {
          "`ratio`: the first ⌊ratio·\\|C\\|⌋ tokens of each chunk; `fixed`: the first `epic.k`"},
         {"epic.k", "tokens per chunk for `epic.mode = \"fixed\"`"},
         {"parallel.comm",
-         "communicator; `auto` = MPI when started by a launcher, else one rank; `nccl` is "
-         "planned"},
+         "communicator; `auto` = NCCL with the cuda backend (when built), else MPI when started "
+         "by a launcher, else one rank; `nccl` = device collectives over NCCL (MPI bootstraps it "
+         "and carries host buffers)"},
+        {"parallel.timeout_s",
+         "deadline in seconds of every blocking collective or wait; a peer that does not arrive "
+         "ends the job naming the rank and phase"},
         {"parallel.exchange",
          "recompute exchange on P ranks: `kv` all-gathers the selected tokens' K/V; `exact` "
          "passes the queries (pass-Q) and reproduces the one-rank result"},
