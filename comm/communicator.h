@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/watchdog.h"
+
 namespace infoflow {
 
 // Element type of all_reduce.
@@ -197,6 +199,12 @@ class Communicator {
     // Used by Request to charge its wait time.
     void add_wait(const std::string& phase, double ms);
 
+    // ---- watchdog (DESIGN §11, comm/watchdog.h) ----
+    // The deadlines of this communicator's waits: set_timeouts() after construction, and
+    // end_startup() once the start-up checks are done (check_same_model does it). SelfComm
+    // never waits for a peer, so its watchdog is never consulted.
+    Watchdog& watchdog() { return watchdog_; }
+
   protected:
     Communicator(int rank, int size, int local_rank, int local_size);
 
@@ -232,6 +240,7 @@ class Communicator {
     std::string phase_ = "other";
     std::vector<std::string> phase_order_;
     std::map<std::string, CommStats> stats_;
+    Watchdog watchdog_;
 };
 
 // Counts calls under `phase` for its lifetime, then restores the previous phase.
@@ -260,6 +269,18 @@ constexpr size_t k_config_hash_slot = 64;
 // from rank 0's, throws infoflow::Error on every rank naming the differing ranks and hashes.
 void check_same_config(Communicator& comm, const std::string& config_hash);
 
+// Slots check_same_model compares (exposed for tests): the identity and the file name.
+constexpr size_t k_model_identity_slot = 64;
+constexpr size_t k_model_source_slot = 960;
+
+// Collective start-up check (DESIGN §11) of the model every rank loaded: `identity` is a
+// fingerprint of what was loaded (architecture, shapes, tensor bytes, tokenizer; a longer one is
+// compared by its FNV-1a hex), `source` the file it came from (truncated to the slot). When any
+// rank's identity differs from rank 0's, throws infoflow::Error on every rank naming rank 0 and
+// each differing rank with its host, file and identity. Then ends the watchdog's start-up period
+// (later waits get parallel.timeout_s).
+void check_same_model(Communicator& comm, const std::string& identity, const std::string& source);
+
 // ---- construction (the factory file is the only place that knows what is built) ----
 
 // True when this binary was built with the MPI communicator.
@@ -269,6 +290,9 @@ bool comm_have_mpi();
 // OMPI_COMM_WORLD_SIZE; Hydra and Slurm PMI-2: PMI_SIZE; srun --mpi=pmix: PMIX_RANK with
 // SLURM_STEP_NUM_TASKS), or 0 when not started by a launcher. Needs no library.
 int launcher_world_size();
+// This process's rank announced by the launcher (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK), 0
+// when none. Needs no library.
+int launcher_world_rank();
 
 // Keeps the communication library initialized while it lives (MPI: an MpiEnv). Move-only.
 class CommEnv {
@@ -292,7 +316,10 @@ std::unique_ptr<CommEnv> init_comm(int* argc, char*** argv, const std::string& k
 //   self: SelfComm (one rank).
 //   nccl: error, not built yet.
 // Collective for "mpi" and "auto"-that-picks-mpi (duplicates the world communicator).
-std::unique_ptr<Communicator> make_communicator(const std::string& kind);
+// `timeouts` become the communicator's watchdog deadlines (set-up itself waits at most
+// startup_timeout_s for the other ranks).
+std::unique_ptr<Communicator> make_communicator(const std::string& kind,
+                                                const WatchdogTimeouts& timeouts = {});
 
 // SelfComm directly (also what make_communicator("self") returns).
 std::unique_ptr<Communicator> make_self_communicator();

@@ -395,6 +395,7 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("model.backend", model, &C::ModelSection::backend));
         f.push_back(int_field("model.threads", model, &C::ModelSection::threads, 0));
         f.push_back(enum_field("model.dtype", model, &C::ModelSection::dtype));
+        f.push_back(bool_field("model.check_finite", model, &C::ModelSection::check_finite));
 
         const auto req = &C::request;
         using R = C::RequestSection;
@@ -438,6 +439,9 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("parallel.exchange", par, &C::ParallelSection::exchange));
         f.push_back(
             int_field("parallel.emulate_ranks", par, &C::ParallelSection::emulate_ranks, 0));
+        f.push_back(float_field("parallel.timeout_s", par, &C::ParallelSection::timeout_s, 0.001));
+        f.push_back(float_field("parallel.startup_timeout_s", par,
+                                &C::ParallelSection::startup_timeout_s, 0.001));
 
         f.push_back(enum_field("ring.layout", &C::ring, &C::RingSection::layout));
         f.push_back(enum_field("ring.exchange", &C::ring, &C::RingSection::exchange));

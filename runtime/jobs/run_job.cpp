@@ -12,6 +12,11 @@ namespace infoflow {
 nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     std::unique_ptr<Session> s = open_session(cfg);
     s->comm = &comm;
+    // Every rank must have loaded the same model: weights, shapes and tokenizer (DESIGN §11).
+    check_same_model(
+        comm,
+        s->weights->fingerprint + (s->tokenizer ? "-" + hex64(s->tokenizer->fingerprint()) : ""),
+        s->weights->source);
     nlohmann::json result;
     switch (cfg.job) {
         case Config::Job::answer:

@@ -26,7 +26,9 @@ std::unique_ptr<Session> open_session(const Config& cfg) {
     const auto t0 = std::chrono::steady_clock::now();
     auto s = std::make_unique<Session>();
     const std::string& path = cfg.model.path;
-    s->weights = std::make_unique<ModelWeights>(load_model_weights(path));
+    LoadOptions load_opt;
+    load_opt.check_finite = cfg.model.check_finite;
+    s->weights = std::make_unique<ModelWeights>(load_model_weights(path, load_opt));
     if (path.rfind("random:", 0) != 0) {
         struct stat st {};
         IF_CHECK(::stat(path.c_str(), &st) == 0, "model.path '" << path << "' does not exist");
