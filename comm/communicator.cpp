@@ -515,8 +515,14 @@ void check_same_model(Communicator& comm, const std::string& identity, const std
     std::string mine(slot, '\0');
     std::memcpy(&mine[0], id.data(), id.size());
     std::memcpy(&mine[k_model_identity_slot], host, std::strlen(host));
-    std::memcpy(&mine[k_model_identity_slot + k_host], source.data(),
-                std::min(source.size(), k_model_source_slot - 1));
+    // The file as this host resolves it: the same relative path may name different files.
+    std::string file = source;
+    if (char* real = ::realpath(source.c_str(), nullptr)) {
+        file = real;
+        std::free(real);
+    }
+    std::memcpy(&mine[k_model_identity_slot + k_host], file.data(),
+                std::min(file.size(), k_model_source_slot - 1));
     const int p = comm.size();
     std::string all(slot * p, '\0');
     {

@@ -275,7 +275,8 @@ constexpr size_t k_model_source_slot = 960;
 
 // Collective start-up check (DESIGN §11) of the model every rank loaded: `identity` is a
 // fingerprint of what was loaded (architecture, shapes, tensor bytes, tokenizer; a longer one is
-// compared by its FNV-1a hex), `source` the file it came from (truncated to the slot). When any
+// compared by its FNV-1a hex), `source` the file it came from (reported as this host resolves
+// it, realpath, since one relative path may name different files; truncated to the slot). When any
 // rank's identity differs from rank 0's, throws infoflow::Error on every rank naming rank 0 and
 // each differing rank with its host, file and identity. Then ends the watchdog's start-up period
 // (later waits get parallel.timeout_s).

@@ -7,7 +7,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 packages=(cmake g++ make pkg-config python3 python3-pip unzip
           openmpi-bin libopenmpi-dev libopenblas-dev catch2 libhdf5-dev hdf5-tools
-          nlohmann-json3-dev libtomlplusplus-dev libpcre2-dev libutf8proc-dev)
+          nlohmann-json3-dev libtomlplusplus-dev libpcre2-dev libutf8proc-dev
+          clang-14 libclang-rt-14-dev libomp-14-dev)  # clang: sanitizer build, libFuzzer
 
 sudo_cmd=""
 if [ "$(id -u)" != "0" ]; then sudo_cmd="sudo"; fi
