@@ -658,6 +658,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind,
         rank = launcher_world_rank();
         size = std::max(1, launcher_world_size());
     }
+    std::signal(SIGTERM, SIG_DFL);  // as in MpiComm::abort: no "interrupted" line after this
+    std::signal(SIGINT, SIG_DFL);
     std::cout.flush();
     std::fflush(stdout);
     std::fprintf(stderr, "[rank %d/%d] error: %s\n", rank, size, msg.c_str());

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -352,6 +353,10 @@ void MpiComm::wait_collective(MPI_Request* req, const char* op) {
 }
 
 void MpiComm::abort(int code, const std::string& msg) {
+    // The launcher ends the other processes with SIGTERM; this one is ending anyway, so its
+    // interrupt handler (if any) must not add an "interrupted" line to the error.
+    std::signal(SIGTERM, SIG_DFL);
+    std::signal(SIGINT, SIG_DFL);
     std::fflush(stdout);
     std::fprintf(stderr, "[rank %d/%d] error: %s\n", rank(), size(), msg.c_str());
     std::fflush(stderr);

@@ -10,7 +10,8 @@
 #                        shapes but other weights (written by VARIANT_WRITER); the job must stop
 #                        at start-up naming both ranks and both files
 #       sigint         - SIGINT to mpirun mid-run: every rank prints "[rank r/P] interrupted",
-#                        the job ends non-zero, and --out is not written (not even partially)
+#                        the job ends non-zero, and --out is not written (not even partially);
+#                        SIGINT / SIGTERM to a single process: exit 130 / 143
 #       bad_out        - an unwritable --out is refused before the run (within seconds, not
 #                        after the computation)
 set -uo pipefail
@@ -38,7 +39,7 @@ stop_case() {
     # Wait until rank 1 is stopped (state T), then time the rest.
     local stopped=""
     for _ in $(seq 1 600); do
-        for p in $(pgrep -f "$bin --config configs/demo.toml" || true); do
+        for p in $(pgrep -f -- "--out $tmp/r.json" || true); do
             if [ "$(ps -o stat= -p "$p" 2>/dev/null | cut -c1)" = "T" ]; then stopped=$p; fi
         done
         [ -n "$stopped" ] && break
@@ -89,25 +90,50 @@ model_diff)
     echo "ok: rejected at start-up in $(( $(date +%s) - start )) s"
     ;;
 sigint)
-    "$mpiexec" -n 2 --oversubscribe "$bin" --config configs/demo.toml --set model.threads=1 \
-        --set job=bench-ttft --set 'bench.lengths=[1024]' --set bench.runs=100 \
-        --out "$tmp/r.json" > "$tmp/out.txt" 2>&1 &
+    # wait_or_kill PID LIMIT: waits up to LIMIT s for PID to end; returns its status, 137 if
+    # it had to be killed.
+    wait_or_kill() {
+        local pid=$1 limit=$2
+        for _ in $(seq 1 $((limit * 10))); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+        wait "$pid"
+    }
+    long=(--config configs/demo.toml --set model.threads=1 --set job=bench-ttft
+          --set 'bench.lengths=[1024]' --set bench.runs=100 --out "$tmp/r.json")
+    # 1. SIGINT to mpirun: it passes SIGTERM to the ranks; each prints one line and exits 143.
+    "$mpiexec" -n 2 --oversubscribe "$bin" "${long[@]}" > "$tmp/out.txt" 2>&1 &
     job=$!
     sleep 12
     kill -0 "$job" 2>/dev/null || { cat "$tmp/out.txt"; fail "the job ended before the signal"; }
     kill -INT "$job"
     start=$(date +%s)
-    ( sleep 60; kill -KILL "$job" 2>/dev/null ) &
-    guard=$!
-    wait "$job"
+    wait_or_kill "$job" 60
     rc=$?
-    kill "$guard" 2>/dev/null
     cat "$tmp/out.txt"
     [ "$rc" -ne 0 ] || fail "an interrupted job exited 0"
     [ "$rc" -ne 137 ] || fail "the job did not end within 60 s of SIGINT"
-    grep -qE "^\[rank [01]/2\] interrupted" "$tmp/out.txt" || fail "no 'interrupted' line"
+    grep -qE "^\[rank 0/2\] interrupted" "$tmp/out.txt" || fail "no 'interrupted' line of rank 0"
+    grep -qE "^\[rank 1/2\] interrupted" "$tmp/out.txt" || fail "no 'interrupted' line of rank 1"
     ls -a "$tmp" | grep -q "r.json" && fail "a result file (or its temp file) was left behind"
-    echo "ok: interrupted, rc=$rc, $(( $(date +%s) - start )) s after SIGINT, no --out"
+    echo "ok: mpirun interrupted, rc=$rc, $(( $(date +%s) - start )) s after SIGINT, no --out"
+    # 2. One process, no launcher: SIGINT -> exit 130, SIGTERM -> exit 143.
+    for sig in INT TERM; do
+        "$bin" "${long[@]}" > "$tmp/out1.txt" 2>&1 &
+        job=$!
+        sleep 6
+        kill -"$sig" "$job"
+        wait_or_kill "$job" 30
+        rc=$?
+        cat "$tmp/out1.txt"
+        want=$([ "$sig" = INT ] && echo 130 || echo 143)
+        [ "$rc" -eq "$want" ] || fail "SIG$sig: exit $rc, expected $want"
+        grep -qxF "[rank 0/1] interrupted (SIG$sig)" "$tmp/out1.txt" || fail "SIG$sig: no line"
+        ls -a "$tmp" | grep -q "r.json" && fail "SIG$sig: a result file was left behind"
+        echo "ok: SIG$sig on one process: exit $rc"
+    done
     ;;
 bad_out)
     start=$(date +%s)
