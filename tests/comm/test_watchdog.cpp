@@ -51,8 +51,7 @@ TEST_CASE("watchdog: an expired wait names the silent rank, the phase and the de
     CHECK_THROWS_WITH(wd.wait([] { return false; }, "scoring", "all_gather", true),
                       Contains("rank 2 did not reach scoring/all_gather within 0.2 s") &&
                           !Contains("rank 1 did not"));
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CHECK(s >= 0.2);
     CHECK(s < 5.0);
     CHECK(ch.surveys == 1);
