@@ -52,7 +52,7 @@ void check_positions(const Model& model, int T, int Q, int max_new) {
     // The first answer token comes from the last prompt position; each further one needs a
     // position of its own.
     const int n_ctx = model.config().n_ctx_train;
-    const int need = T + Q + std::max(0, max_new - 1);
+    const int64_t need = int64_t(T) + Q + std::max(0, max_new - 1);  // no int overflow
     IF_CHECK(need <= n_ctx, "the request needs "
                                 << need << " positions (context " << T << " + suffix " << Q
                                 << " + decode.max_new_tokens - 1 = " << std::max(0, max_new - 1)

@@ -1043,8 +1043,25 @@ ModelWeights load_model_weights(const std::string& path, const LoadOptions& opt)
         w = load_gguf(path, opt);
     }
     w.validate();
+    if (opt.check_finite) check_weights_finite(w);
     w.fingerprint = model_fingerprint(w);
     return w;
+}
+
+void check_weights_finite(const ModelWeights& w) {
+    ModelWeights& mw = const_cast<ModelWeights&>(w);  // tensor_slots only reads it here
+    for (const TensorSlot& s : tensor_slots(w.config, mw)) {
+        const std::vector<float>& t = *s.dst;
+        for (size_t i = 0; i < t.size(); ++i) {
+            if (!std::isfinite(t[i])) {
+                IF_FAIL(w.source << ": tensor '" << s.hf << "' (GGUF '" << s.gguf << "') has a "
+                                 << (std::isnan(t[i]) ? "NaN" : "infinite value") << " at element "
+                                 << i << " of " << t.size()
+                                 << " (a corrupt file; set model.check_finite = false to load it "
+                                    "anyway)");
+            }
+        }
+    }
 }
 
 }  // namespace infoflow

@@ -258,8 +258,8 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
     const int T = r.context_tokens;
     const int Q = r.suffix_tokens;
     const int max_new = cfg.decode.max_new_tokens;
-    IF_CHECK(T + Q + std::max(0, max_new - 1) <= c.n_ctx_train,
-             "the request needs " << T + Q + std::max(0, max_new - 1)
+    IF_CHECK(int64_t(T) + Q + std::max(0, max_new - 1) <= c.n_ctx_train,
+             "the request needs " << int64_t(T) + Q + std::max(0, max_new - 1)
                                   << " positions but the model has " << c.n_ctx_train);
     const int row = c.n_head_kv * c.head_dim;
     const int L = c.n_layer;
