@@ -51,4 +51,45 @@ void KvCache::set_group(int slot, int32_t group) {
     if (group >= 0) any_group_ = true;
 }
 
+void KvCache::write_rows(int layer, const int32_t* slots, const float* k, const float* v, int n) {
+    const size_t row = size_t(row_);
+    int i = 0;
+    while (i < n) {  // runs of consecutive slots go in one copy
+        int j = i + 1;
+        while (j < n && slots[j] == slots[j - 1] + 1) ++j;
+        write_range(layer, slots[i], j - i, k + size_t(i) * row, v + size_t(i) * row);
+        i = j;
+    }
+}
+
+void KvCache::read_rows(int layer, const int32_t* slots, float* k, float* v, int n) const {
+    const size_t row = size_t(row_);
+    int i = 0;
+    while (i < n) {
+        int j = i + 1;
+        while (j < n && slots[j] == slots[j - 1] + 1) ++j;
+        read_range(layer, slots[i], j - i, k ? k + size_t(i) * row : nullptr,
+                   v ? v + size_t(i) * row : nullptr);
+        i = j;
+    }
+}
+
+void KvCache::write_range(int layer, int first, int n, const float* k, const float* v) {
+    if (n <= 0) return;
+    IF_CHECK(first >= 0 && first + n <= size_,
+             "cache slots [" << first << ", " << first + n << ") outside [0, " << size_ << ")");
+    const size_t at = size_t(first) * row_, bytes = size_t(n) * row_ * sizeof(float);
+    backend_->copy(k_[layer].data() + at, k, bytes);
+    backend_->copy(v_[layer].data() + at, v, bytes);
+}
+
+void KvCache::read_range(int layer, int first, int n, float* k, float* v) const {
+    if (n <= 0) return;
+    IF_CHECK(first >= 0 && first + n <= size_,
+             "cache slots [" << first << ", " << first + n << ") outside [0, " << size_ << ")");
+    const size_t at = size_t(first) * row_, bytes = size_t(n) * row_ * sizeof(float);
+    if (k) backend_->copy(k, k_[layer].data() + at, bytes);
+    if (v) backend_->copy(v, v_[layer].data() + at, bytes);
+}
+
 }  // namespace infoflow

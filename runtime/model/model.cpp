@@ -118,17 +118,11 @@ void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const
     if (n == 0) return;
     const ModelConfig& c = config();
     ensure_scratch(n);
-    const int kd = c.n_head_kv * c.head_dim;
     layer_qkv(l, hidden, n, pos, s_.q.data(), s_.k.data(), s_.v.data());
     // New K/V go into the cache before attention (DESIGN §3.5).
-    float* ck = cache.k(l);
-    float* cv = cache.v(l);
-    for (int i = 0; i < n; ++i) {
-        IF_CHECK(slots[i] >= 0 && slots[i] < cache.size(),
-                 "cache slot " << slots[i] << " outside [0, " << cache.size() << ")");
-        backend_.copy(ck + size_t(slots[i]) * kd, s_.k.data() + size_t(i) * kd, kd * sizeof(float));
-        backend_.copy(cv + size_t(slots[i]) * kd, s_.v.data() + size_t(i) * kd, kd * sizeof(float));
-    }
+    cache.write_rows(l, slots, s_.k.data(), s_.v.data(), n);
+    const float* ck = cache.k(l);
+    const float* cv = cache.v(l);
 
     AttnParams ap;
     ap.q = s_.q.data();
