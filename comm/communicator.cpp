@@ -326,6 +326,7 @@ void Communicator::set_phase(const std::string& phase) {
             IF_FAIL("injected fault on rank " << rank_ << " entering phase '" << phase << "'");
         }
     }
+    on_set_phase(phase_);
 }
 
 std::vector<PhaseStats> Communicator::stats() const {

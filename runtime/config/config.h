@@ -127,6 +127,10 @@ struct Config {
         int runs = 5;     // timed runs, median reported, >= 1
         int warmup = 1;   // >= 0
         int threads = 0;  // CPU threads per rank for the benchmark; 0 = model.threads
+        // parallel.emulate_ranks virtual ranks in one process, timed (runtime/parallel/emulate.h)
+        bool emulate_timing = false;
+        double link_alpha_us = 10.0;   // alpha-beta model of a link (comm/comm_model.h)
+        double link_beta_gbs = 370.0;  // GB/s per direction
     };
     struct CacheSection {
         std::string path;        // HDF5 KV store
