@@ -3,8 +3,8 @@
 // (runtime/parallel/emulate.h), and compares its own real result with its virtual twin's: the
 // answer, the selected positions, the first-token logits (bit for bit: same code, same backend,
 // same thread count) and the bytes of every phase on every rank. InfoFlow with the "kv" and
-// "exact" exchanges and ring attention (zigzag and contiguous p2p, all-gather), on the tiny
-// random model and on SmolLM2. Collectives first, checks after.
+// "exact" exchanges and ring attention (zigzag p2p; on the tiny model also contiguous and
+// all-gather), on the tiny random model and on SmolLM2. Collectives first, checks after.
 #include <catch2/catch.hpp>
 #include <filesystem>
 
@@ -26,7 +26,8 @@ struct Case {
     Config cfg;
 };
 
-std::vector<Case> cases() {
+// All: InfoFlow kv and exact, ring zigzag, contiguous and all-gather; otherwise the first three.
+std::vector<Case> cases(bool all) {
     std::vector<Case> out;
     for (auto ex : {Config::Exchange::kv, Config::Exchange::exact}) {
         Config c = method_config(Config::Method::infoflow, 0.3);
@@ -37,6 +38,7 @@ std::vector<Case> cases() {
         Config c = method_config(Config::Method::ring);
         c.ring.layout = layout;
         out.push_back({std::string("ring/") + to_string(layout), c});
+        if (!all) return out;
     }
     Config c = method_config(Config::Method::ring);
     c.ring.exchange = Config::RingExchange::allgather;
@@ -44,9 +46,11 @@ std::vector<Case> cases() {
     return out;
 }
 
-void compare_all(Model& model, Communicator& comm, const PreparedRequest& req) {
+void compare_all(Model& model, Communicator& comm, const PreparedRequest& req, bool all,
+                 int max_new_tokens) {
     const int P = comm.size(), rank = comm.rank();
-    for (const Case& k : cases()) {
+    for (Case k : cases(all)) {
+        k.cfg.decode.max_new_tokens = max_new_tokens;
         const MethodResult real = run_request(model, req, k.cfg, comm, kNoStop);
         const EmulatedRun emu = run_emulated(model, req, k.cfg, P, LinkModel{}, kNoStop);
         CAPTURE(P, rank, k.name);
@@ -83,7 +87,7 @@ TEST_CASE("emulated ranks equal real ranks on the tiny model", "[emulate]") {
     tm.be->set_threads(1);
     const PreparedRequest req =
         random_request(21, tm.w.config.n_vocab, 4, {17, 9, 23, 12, 14, 8}, 9);
-    compare_all(*tm.m, *comm, req);
+    compare_all(*tm.m, *comm, req, true, 4);
 }
 
 TEST_CASE("emulated ranks equal real ranks on SmolLM2", "[emulate][model]") {
@@ -95,6 +99,6 @@ TEST_CASE("emulated ranks equal real ranks on SmolLM2", "[emulate][model]") {
     cfg.model.threads = 1;
     std::unique_ptr<Session> s = open_session(cfg);
     const PreparedRequest req =
-        random_request(5, s->model->config().n_vocab, 12, {40, 33, 51, 27, 45, 38}, 14);
-    compare_all(*s->model, *comm, req);
+        random_request(5, s->model->config().n_vocab, 12, {31, 26, 40, 22}, 13);
+    compare_all(*s->model, *comm, req, false, 2);
 }
