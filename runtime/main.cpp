@@ -6,6 +6,7 @@
 #include "comm/communicator.h"
 #include "runtime/config/cli.h"
 #include "runtime/config/config_reference.h"
+#include "runtime/core/build_info.h"
 #include "runtime/jobs/jobs.h"
 
 int main(int argc, char** argv) {
@@ -18,7 +19,10 @@ int main(int argc, char** argv) {
             return 0;
         }
         if (args.version) {
-            std::printf("infoflow_sp %s\n", k_infoflow_version);
+            const BuildInfo& b = build_info();
+            std::printf("infoflow_sp %s (commit %s, %s, %s)\nfeatures: %s\n", b.version, b.commit,
+                        b.build_type, b.compiler, b.features);
+            if (*b.found_unused) std::printf("found, not used yet: %s\n", b.found_unused);
             return 0;
         }
         if (args.print_config_reference) {

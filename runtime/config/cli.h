@@ -11,12 +11,11 @@
 
 namespace infoflow {
 
-constexpr const char* k_infoflow_version = "0.1.0";
-
 struct CliArgs {
     std::string config_path;        // --config FILE
     std::vector<std::string> sets;  // --set section.key=value, in order, repeatable
     std::string out_path;           // --out FILE.json (overrides output.path)
+    std::string results_dir;        // --results-dir DIR: results to DIR/<output.name>.json (+ .csv)
     bool help = false;              // --help, -h: print cli_usage() and exit
     bool version = false;           // --version: print the version and exit
     bool print_config = false;      // --print-config: print the effective config (JSON), exit
@@ -33,7 +32,8 @@ CliArgs parse_cli(const std::vector<std::string>& args);  // args without the pr
 
 std::string cli_usage(const std::string& program = "infoflow_sp");
 
-// Default config (no --config) or the file, then the --set overrides, then --out.
+// Default config (no --config) or the file, then the --set overrides, then --out or
+// --results-dir, then check_implemented.
 Config load_config_from_cli(const CliArgs& args);
 
 }  // namespace infoflow

@@ -61,6 +61,9 @@ struct Config {
         std::string question_file;                // whole file, trailing whitespace trimmed
         Template prompt_template = Template::qa;  // key: request.template
         ChatTemplate chat_template = ChatTemplate::automatic;
+        // Expected answer, printed next to the model's; a run "matches" when the answer
+        // contains it (case-insensitive). Empty = none.
+        std::string reference;
     };
     struct ChunkingSection {
         ChunkMode mode = ChunkMode::passage;
@@ -127,6 +130,8 @@ struct Config {
         int runs = 5;     // timed runs, median reported, >= 1
         int warmup = 1;   // >= 0
         int threads = 0;  // CPU threads per rank for the benchmark; 0 = model.threads
+        // A row whose (max - min) / median TTFT exceeds this is flagged as noisy.
+        double spread_limit = 0.25;
         // parallel.emulate_ranks virtual ranks in one process, timed (runtime/parallel/emulate.h)
         bool emulate_timing = false;
         double link_alpha_us = 10.0;   // alpha-beta model of a link (comm/comm_model.h)
@@ -139,6 +144,9 @@ struct Config {
     struct OutputSection {
         std::string path;  // results JSON (also --out)
         std::string csv;   // table rows as CSV
+        // File stem of the results under `--results-dir DIR` (DIR/NAME.json and its CSV twin);
+        // empty = the config file's name without its extension.
+        std::string name;
     };
 
     Job job = Job::answer;
@@ -205,6 +213,12 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 // "section.key=value" is parsed as a TOML value (42, 0.3, true, "text", [1, 2]); text that is not
 // a TOML value is taken as a string, and so is any value given to a string key.
 void apply_overrides(Config& cfg, const std::vector<std::string>& sets);
+
+// Rejects values the config can name but this build does not run yet (job "cache-build",
+// cache.*, method "reform", backend "cuda", comm "nccl", compute types other than fp32): an
+// Error "KEY = VALUE: not implemented yet (planned, ...)". The loaders accept those values so
+// configs and their JSON round-trip; the command line (load_config_from_cli) calls this.
+void check_implemented(const Config& cfg);
 
 // Every key the loader knows, "job" and "section.key", in to_json order.
 std::vector<std::string> config_keys();

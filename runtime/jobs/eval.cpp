@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <map>
 
+#include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/progress.h"
 #include "runtime/jobs/job_report.h"
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/qa_metrics.h"
@@ -113,6 +115,15 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
     std::map<std::string, LabelStats> stats;
     const int n_runs = int(samples.size() * variants.size());
     int done = 0;
+    // Each finished row goes to <out>.jsonl at once; per-phase progress lines would drown the
+    // per-case lines, so the sweep reports cases (done/total, ETA) instead.
+    // Rank 0 only (a session without a communicator is a single process).
+    RowLog row_log(!s.comm || s.comm->rank() == 0 ? jsonl_path(cfg) : std::string());
+    if (!row_log.path().empty()) {
+        std::printf("rows       : %s (one line per finished run)\n", row_log.path().c_str());
+    }
+    progress::set_phase_lines(false);
+    progress::Sweep sweep("", n_runs);
     for (size_t si = 0; si < samples.size(); ++si) {
         const EvalSample& sample = samples[si];
         RequestText text{cfg.request.system, split_passages(sample.context), sample.input};
@@ -158,19 +169,21 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
             row["f1"] = f1;
             put_comparison(row, r, cmp);
             rows.push_back(row);
+            row_log.append(row);
 
             LabelStats& st = stats[v.label];
             st.add(r, cmp);
             st.f1 += f1;
 
             ++done;
+            sweep.step();
             std::printf(
                 "[eval %*d/%d] sample %zu (T %d%s) %-24s F1 %.3f  top1 %s  KL %.4f  "
-                "TTFT %8.1f ms  answer \"%s\"\n",
+                "TTFT %8.1f ms  ETA %s  answer \"%s\"\n",
                 int(std::to_string(n_runs).size()), done, n_runs, si, T,
                 dropped ? (", " + std::to_string(dropped) + " passages dropped").c_str() : "",
                 v.label.c_str(), f1, cmp.top1_agree ? "=" : "x", cmp.kl, r.ttft_ms,
-                one_line(answer).c_str());
+                sweep.eta().c_str(), one_line(answer).c_str());
             std::fflush(stdout);
         }
     }

@@ -1,8 +1,14 @@
 #include "runtime/jobs/job_report.h"
 
-#include <algorithm>
-#include <cstdio>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "runtime/core/error.h"
 #include "runtime/jobs/qa_metrics.h"
 
 namespace infoflow {
@@ -137,6 +143,41 @@ std::string csv_path(const Config& cfg) {
         return p.substr(0, dot) + ".csv";
     }
     return p + ".csv";
+}
+
+std::string jsonl_path(const Config& cfg) {
+    const std::string& p = cfg.output.path;
+    if (p.empty()) return "";
+    const size_t slash = p.find_last_of('/');
+    const size_t dot = p.find_last_of('.');
+    if (dot != std::string::npos && (slash == std::string::npos || dot > slash + 1)) {
+        return p.substr(0, dot) + ".jsonl";
+    }
+    return p + ".jsonl";
+}
+
+RowLog::RowLog(std::string path) : path_(std::move(path)) {
+    if (path_.empty()) return;
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    IF_CHECK(fd_ >= 0, "cannot write rows to '" << path_ << "': " << std::strerror(errno));
+}
+
+RowLog::~RowLog() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+void RowLog::append(const nlohmann::json& row) {
+    if (fd_ < 0) return;
+    // One write per row: with O_APPEND the line lands whole or not at all on a local disk.
+    const std::string line = row.dump() + "\n";
+    size_t done = 0;
+    while (done < line.size()) {
+        const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        IF_CHECK(n > 0, "cannot write rows to '" << path_ << "': " << std::strerror(errno));
+        done += size_t(n);
+    }
+    ::fsync(fd_);
 }
 
 void print_table(const std::vector<std::string>& header,

@@ -69,6 +69,27 @@ std::string rows_to_csv(const nlohmann::json& rows, const std::vector<std::strin
 // ".csv" (appended when it has none); "" when neither is set.
 std::string csv_path(const Config& cfg);
 
+// Where a sweep's rows go as they finish: output.path with its extension replaced by ".jsonl"
+// (appended when it has none); "" when output.path is not set.
+std::string jsonl_path(const Config& cfg);
+
+// Appends one JSON row per line to a file as each case finishes (flushed and fsync'ed, so a
+// sweep that is interrupted keeps every finished row; a row is never half-written unless the
+// machine itself fails mid-line). The file is started empty. An empty path logs nothing.
+class RowLog {
+  public:
+    explicit RowLog(std::string path);
+    ~RowLog();
+    RowLog(const RowLog&) = delete;
+    RowLog& operator=(const RowLog&) = delete;
+    void append(const nlohmann::json& row);
+    const std::string& path() const { return path_; }
+
+  private:
+    std::string path_;
+    int fd_ = -1;
+};
+
 // One sample of an eval JSONL file: `context`, `input`, `answers` (list of strings), optional
 // `_id` and `length`.
 struct EvalSample {

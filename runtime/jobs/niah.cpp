@@ -11,8 +11,10 @@
 #include <cstdio>
 #include <map>
 
+#include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/progress.h"
 #include "runtime/jobs/haystack.h"
 #include "runtime/jobs/job_report.h"
 #include "runtime/jobs/jobs.h"
@@ -106,6 +108,15 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
     std::fflush(stdout);
 
     json rows = json::array();
+    // Each finished row goes to <out>.jsonl at once; per-phase progress lines would drown the
+    // per-case lines, so the sweep reports cases (done/total, ETA) instead.
+    // Rank 0 only (a session without a communicator is a single process).
+    RowLog row_log(!s.comm || s.comm->rank() == 0 ? jsonl_path(cfg) : std::string());
+    if (!row_log.path().empty()) {
+        std::printf("rows       : %s (one line per finished run)\n", row_log.path().c_str());
+    }
+    progress::set_phase_lines(false);
+    progress::Sweep sweep("", n_cases);
     std::map<std::string, LabelStats> stats;
     int done = 0;
     for (int L : nc.lengths) {
@@ -153,6 +164,7 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
                 put_comparison(row, r, cmp);
                 row["needle_recall"] = recall;
                 rows.push_back(row);
+                row_log.append(row);
 
                 LabelStats& st = stats[v.label];
                 st.add(r, cmp);
@@ -160,12 +172,14 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
                 st.needle += recall;
 
                 ++done;
+                sweep.step();
                 std::printf(
                     "[niah %*d/%d] L %d (T %d) depth %.2f  %-24s %s  top1 %s  KL %.4f  "
-                    "sel %5.1f%% (needle %3.0f%%)  TTFT %8.1f ms  answer \"%s\"\n",
+                    "sel %5.1f%% (needle %3.0f%%)  TTFT %8.1f ms  ETA %s  answer \"%s\"\n",
                     int(std::to_string(n_cases).size()), done, n_cases, L, T, depth,
                     v.label.c_str(), correct ? "ok  " : "MISS", cmp.top1_agree ? "=" : "x", cmp.kl,
-                    100.0 * sel, 100.0 * recall, r.ttft_ms, one_line(answer).c_str());
+                    100.0 * sel, 100.0 * recall, r.ttft_ms, sweep.eta().c_str(),
+                    one_line(answer).c_str());
                 std::fflush(stdout);
             }
         }

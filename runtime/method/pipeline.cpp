@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "runtime/core/error.h"
+#include "runtime/core/progress.h"
 #include "runtime/method/chunk_kv.h"
 #include "runtime/method/placement.h"
 #include "runtime/method/recompute.h"
@@ -21,6 +22,7 @@ class PhaseClock {
     void mark(const std::string& name) {
         const auto t = now();
         out_.push_back({name, std::chrono::duration<double, std::milli>(t - t_).count()});
+        progress::phase_end(name, out_.back().ms);
         t_ = t;
     }
 

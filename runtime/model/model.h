@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -24,9 +25,19 @@ class LayerTap {
                               const int32_t* group /*[n] or nullptr*/, const KvCache& cache) = 0;
 };
 
+// Consecutive rows that go to consecutive cache slots: rows [row, row + n) -> slots
+// [slot, slot + n), so writing new K/V into the cache takes one copy per run.
+struct SlotRun {
+    int row = 0;
+    int slot = 0;
+    int n = 0;
+};
+std::vector<SlotRun> slot_runs(const int32_t* slots /*[n]*/, int n);
+
 class Model {
   public:
-    // Keeps a reference to `weights` (the CPU backend reads them in place).
+    // Keeps a reference to `weights`. The CPU backend reads host weights in place; any other
+    // backend (or a generated model) gets every tensor once, here, in its own storage.
     Model(Backend& backend, const ModelWeights& weights);
     Model(const Model&) = delete;
     Model& operator=(const Model&) = delete;
@@ -81,14 +92,18 @@ class Model {
     };
     void ensure_scratch(int n);
     void qkv(int l, const float* xn, int n, const int32_t* pos, float* q, float* k, float* v);
+    void load_weights();  // every tensor into backend storage (not the CPU in-place path)
+    void stack_qkv();     // CPU in place: wq, wk, wv stacked per layer
     const float* w(const std::vector<float>& v);  // weight pointer in backend memory
+    const std::vector<float>& lm_head() const;
 
     Backend& backend_;
     const ModelWeights& weights_;
     bool host_weights_ = true;
-    std::vector<Buffer> uploaded_;
-    // Per layer: wq, wk, wv stacked into one [(n_head + 2*n_head_kv)*head_dim, n_embd] matrix
-    // (and their biases), so the three projections run as one wide GEMM.
+    // Backend copy of each tensor of `weights_`, by the address of its host vector.
+    std::unordered_map<const std::vector<float>*, Buffer> device_;
+    // CPU in place only. Per layer: wq, wk, wv stacked into one [(n_head + 2*n_head_kv)*head_dim,
+    // n_embd] matrix (and their biases), so the three projections run as one wide GEMM.
     std::vector<std::vector<float>> wqkv_, bqkv_;
     std::vector<float> inv_freq_host_;
     Buffer inv_freq_;

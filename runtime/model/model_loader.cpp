@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kernels/random_init.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
 #include "runtime/formats/dequant.h"
@@ -160,13 +161,6 @@ uint64_t hash_bytes(const uint8_t* p, size_t n, uint64_t seed) {
     h *= kP3;
     h ^= h >> 32;
     return h;
-}
-
-inline uint64_t splitmix64(uint64_t& state) {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
 }
 
 // Shortest decimal that reads back as the same float (1e-05, not 9.999999747378752e-06).
@@ -721,6 +715,56 @@ ModelConfig random_model_config(const std::string& shape) {
     return c;
 }
 
+uint64_t random_tensor_key(uint64_t seed, const std::string& hf_name) {
+    return seed ^ fnv1a64(hf_name);
+}
+
+// Irwin-Hall: the sum of 4 uniforms on [0, 65536) has variance 65536^2/3; scale to 0.02 std.
+float random_weight_scale() { return 0.02f * std::sqrt(3.0f) / 65536.0f; }
+
+std::vector<float> random_host_tensor(uint64_t seed, const std::string& hf_name, size_t n) {
+    std::vector<float> t(n);
+    if (hf_name.find("norm") != std::string::npos) {
+        std::fill(t.begin(), t.end(), 1.0f);
+        return t;
+    }
+    const uint64_t key = random_tensor_key(seed, hf_name);
+    const float scale = random_weight_scale();
+    for (size_t i = 0; i < n; ++i) t[i] = random_weight(key, i, scale);
+    return t;
+}
+
+std::vector<WeightTensor> weight_tensors(const ModelWeights& w) {
+    IF_CHECK(w.layers.size() == size_t(w.config.n_layer), w.source << ": " << w.layers.size()
+                                                                   << " layers, the config needs "
+                                                                   << w.config.n_layer);
+    std::vector<WeightTensor> out;
+    // tensor_slots only resizes the layer list, which already has the config's size.
+    for (const TensorSlot& s : tensor_slots(w.config, const_cast<ModelWeights&>(w))) {
+        WeightTensor t;
+        t.name = s.hf;
+        t.rows = s.shape[0];
+        t.cols = s.shape.size() == 2 ? s.shape[1] : 0;
+        t.data = s.dst;
+        t.is_norm = s.hf.find("norm") != std::string::npos;
+        out.push_back(t);
+    }
+    return out;
+}
+
+ModelWeights make_generated_weights(const ModelConfig& c, uint64_t seed) {
+    c.validate(c.name.empty() ? "random model" : c.name);
+    ModelWeights w;
+    w.config = c;
+    w.source = c.name + ":" + std::to_string(seed);
+    w.generated = true;
+    w.seed = seed;
+    w.layers.resize(size_t(c.n_layer));
+    w.validate();
+    w.fingerprint = model_fingerprint(w);
+    return w;
+}
+
 ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {
     c.validate(c.name.empty() ? "random model" : c.name);
     check_memory(model_weight_bytes(c), c.name.empty() ? "random model" : c.name);
@@ -729,22 +773,7 @@ ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {
     w.source = c.name + ":" + std::to_string(seed);
     for (const TensorSlot& s : tensor_slots(c, w)) {
         std::vector<float>& t = *s.dst;
-        t.resize(size_t(numel(s.shape)));
-        const bool is_norm = s.hf.find("norm") != std::string::npos;
-        if (is_norm) {
-            std::fill(t.begin(), t.end(), 1.0f);
-            continue;
-        }
-        uint64_t state = seed ^ fnv1a64(s.hf);
-        splitmix64(state);
-        // Irwin-Hall: the sum of 4 uniforms has variance 1/3; centre and scale to 0.02 std.
-        const float scale = 0.02f * std::sqrt(3.0f) / 65536.0f;
-        for (float& x : t) {
-            const uint64_t r = splitmix64(state);
-            const uint32_t sum = uint32_t(r & 0xFFFF) + uint32_t((r >> 16) & 0xFFFF) +
-                                 uint32_t((r >> 32) & 0xFFFF) + uint32_t(r >> 48);
-            x = (float(sum) + 2.0f - 131072.0f) * scale;
-        }
+        t = random_host_tensor(seed, s.hf, size_t(numel(s.shape)));
     }
     w.validate();
     w.fingerprint = model_fingerprint(w);
@@ -802,6 +831,8 @@ std::string model_fingerprint(const ModelWeights& w) {
        << bits(c.rope_scaling.high_freq_factor) << ";" << c.rope_scaling.original_context << ";"
        << c.tied_embeddings << ";" << c.has_qkv_bias << ";" << c.has_qk_norm << ";";
     for (float f : c.rope_freq_factors) os << bits(f) << ",";
+    // Generated weights are a function of the config and the seed alone.
+    if (w.generated) return hex64(fnv1a64("generated;" + std::to_string(w.seed) + ";" + os.str()));
     uint64_t h = fnv1a64(os.str());
     ModelWeights& mw = const_cast<ModelWeights&>(w);  // tensor_slots only reads it here
     IF_CHECK(w.layers.size() == size_t(c.n_layer), w.source << ": fingerprint of a model with "
@@ -994,7 +1025,9 @@ ModelWeights load_model_weights(const std::string& path, const LoadOptions& opt)
     std::string shape;
     uint64_t seed = 0;
     if (parse_random(path, &shape, &seed)) {
-        ModelWeights w = make_random_weights(random_model_config(shape), seed);
+        ModelWeights w = opt.generate_on_backend
+                             ? make_generated_weights(random_model_config(shape), seed)
+                             : make_random_weights(random_model_config(shape), seed);
         w.source = path;
         return w;
     }

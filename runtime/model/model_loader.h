@@ -19,6 +19,9 @@ struct LoadOptions {
     // Undo the llama GGUF Q/K row permutation (FORMATS §4.2). Tests turn it off as a negative
     // control; nothing else should.
     bool unpermute_qk = true;
+    // random: models only: return the config and seed without tensor data
+    // (make_generated_weights); the backend generates each tensor where it is used.
+    bool generate_on_backend = false;
 };
 
 // The config alone (cheap: reads metadata, config.json and tensor headers, no weight data).
@@ -44,6 +47,26 @@ ModelConfig random_model_config(const std::string& shape);
 // Seeded, deterministic: matrices and biases ~ approximately normal (Irwin-Hall of 4 uniforms)
 // times 0.02, norms 1. Refuses (error) when the fp32 weights would not fit in memory.
 ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed);
+// The same model without host data (ModelWeights::generated): tensors empty, layers sized to
+// the config. Nothing is allocated, whatever the model's size.
+ModelWeights make_generated_weights(const ModelConfig& c, uint64_t seed);
+// The generator behind both (kernels/random_init.h): tensor `hf_name` has key
+// random_tensor_key(seed, hf_name) and element i = random_weight(key, i, random_weight_scale());
+// norms are 1 (names containing "norm").
+uint64_t random_tensor_key(uint64_t seed, const std::string& hf_name);
+float random_weight_scale();
+std::vector<float> random_host_tensor(uint64_t seed, const std::string& hf_name, size_t n);
+
+// Every tensor the config calls for, with its Hugging Face name and PyTorch shape, pointing
+// into `w` (whose layer list must have the config's size).
+struct WeightTensor {
+    std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    int64_t rows = 0;  // [rows, cols] for a matrix, [rows] for a vector (cols = 0)
+    int64_t cols = 0;
+    const std::vector<float>* data = nullptr;
+    bool is_norm = false;
+};
+std::vector<WeightTensor> weight_tensors(const ModelWeights& w);
 
 // llama GGUF Q/K row order, in place. rows: [n_head*head_dim, row_len] (row_len 1 for biases).
 // hf_to_gguf is the converter's permutation (§4.1); gguf_to_hf its exact inverse (§4.2).
