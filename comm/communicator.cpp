@@ -1,7 +1,8 @@
 // The shared half of every communicator: argument checks, timing and byte accounting around the
 // implementations' do_* calls (DESIGN §5.5), Request, the stats gather, the config-hash check
 // and abort_job (§11). This is also the factory file: the only place that tests INFOFLOW_HAVE_MPI
-// (STYLE §3). It never calls MPI itself; MPI stays in mpi_env.cpp and mpi_comm.cpp.
+// and INFOFLOW_HAVE_NCCL (STYLE §3). It never calls MPI, CUDA or NCCL itself; they stay in
+// mpi_env.cpp, mpi_comm.cpp and nccl_comm.cpp.
 #include "comm/communicator.h"
 
 #include <algorithm>
@@ -18,6 +19,9 @@
 
 #if defined(INFOFLOW_HAVE_MPI)
 #include "comm/mpi_env.h"
+#endif
+#if defined(INFOFLOW_HAVE_NCCL)
+#include "comm/nccl_comm.h"
 #endif
 
 namespace infoflow {
@@ -507,6 +511,20 @@ std::unique_ptr<CommEnv> mpi_env(int*, char***) { IF_FAIL("MPI is not built"); }
 std::unique_ptr<Communicator> mpi_communicator() { IF_FAIL("MPI is not built"); }
 #endif
 
+// The one #if on NCCL (STYLE §3).
+#if defined(INFOFLOW_HAVE_NCCL)
+constexpr bool k_have_nccl = true;
+std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator> host,
+                                                double timeout_s) {
+    return make_nccl_communicator(std::move(host), timeout_s);
+}
+#else
+constexpr bool k_have_nccl = false;
+std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator>, double) {
+    IF_FAIL("NCCL is not built");
+}
+#endif
+
 int env_int(const char* name, int fallback) {
     const char* v = std::getenv(name);
     if (!v || !*v) return fallback;
@@ -515,13 +533,13 @@ int env_int(const char* name, int fallback) {
     return (end && *end == '\0' && x >= 0 && x < (1L << 30)) ? static_cast<int>(x) : fallback;
 }
 
-void check_kind(const std::string& kind) {
+void check_kind(const std::string& kind, bool have_mpi = k_have_mpi, bool have_nccl = k_have_nccl) {
     IF_CHECK(kind == "auto" || kind == "mpi" || kind == "self" || kind == "nccl",
              "unknown communicator kind '" << kind << "' (expected auto, mpi, self or nccl)");
-    IF_CHECK(kind != "nccl",
-             "communicator 'nccl' is not built in this binary (the NCCL "
-             "communicator is not implemented yet; use parallel.comm = \"mpi\")");
-    IF_CHECK(kind != "mpi" || k_have_mpi,
+    IF_CHECK(kind != "nccl" || have_nccl,
+             "communicator 'nccl' is not built in this binary (reconfigure with the CUDA toolkit "
+             "and NCCL installed and INFOFLOW_ENABLE_CUDA=ON, INFOFLOW_ENABLE_NCCL=ON)");
+    IF_CHECK(kind != "mpi" || have_mpi,
              "communicator 'mpi' is not built in this binary (reconfigure with MPI installed and "
              "INFOFLOW_ENABLE_MPI=ON)");
 }
@@ -541,26 +559,55 @@ int launcher_world_size() {
 
 std::unique_ptr<CommEnv> init_comm(int* argc, char*** argv, const std::string& kind) {
     check_kind(kind);
-    if (kind == "mpi" || (kind == "auto" && k_have_mpi && launcher_world_size() > 0)) {
+    if (kind == "mpi" || (kind == "nccl" && k_have_mpi) ||
+        (kind == "auto" && k_have_mpi && launcher_world_size() > 0)) {
         return mpi_env(argc, argv);
     }
     return std::make_unique<CommEnv>();
 }
 
-std::unique_ptr<Communicator> make_communicator(const std::string& kind) {
-    check_kind(kind);
-    if (kind == "self") return make_self_communicator();
-    if (kind == "mpi" || mpi_up()) {
-        IF_CHECK(mpi_up(),
+bool comm_have_nccl() { return k_have_nccl; }
+
+std::string comm_choice(const std::string& kind, const std::string& backend, const CommWorld& w,
+                        std::string* host_channel) {
+    check_kind(kind, w.have_mpi, w.have_nccl);
+    if (host_channel) host_channel->clear();
+    if (kind == "self") return "self";
+    if (kind == "mpi") {
+        IF_CHECK(w.mpi_up,
                  "communicator 'mpi': MPI is not initialized (main must hold init_comm())");
-        return mpi_communicator();
+        return "mpi";
     }
-    const int n = launcher_world_size();
-    IF_CHECK(n <= 1, "started by a launcher with "
-                         << n << " ranks but MPI is not initialized"
-                         << (k_have_mpi ? " (main must hold init_comm())"
-                                        : " (this binary was built without MPI)"));
-    return make_self_communicator();
+    // nccl and auto: the host side is MPI when it runs; otherwise one rank, unless a launcher
+    // started several (then MPI must be initialized, or each would run alone).
+    if (!w.mpi_up) {
+        IF_CHECK(w.launcher_size <= 1,
+                 "started by a launcher with "
+                     << w.launcher_size << " ranks but MPI is not initialized"
+                     << (w.have_mpi ? " (main must hold init_comm())"
+                                    : " (this binary was built without MPI)"));
+    }
+    const std::string host = w.mpi_up ? "mpi" : "self";
+    if (kind == "nccl" || (backend == "cuda" && w.have_nccl)) {
+        if (host_channel) *host_channel = host;
+        return "nccl";
+    }
+    return host;
+}
+
+std::unique_ptr<Communicator> make_communicator(const std::string& kind,
+                                                const CommOptions& options) {
+    CommWorld w;
+    w.have_mpi = k_have_mpi;
+    w.have_nccl = k_have_nccl;
+    w.mpi_up = mpi_up();
+    w.launcher_size = launcher_world_size();
+    std::string host;
+    const std::string choice = comm_choice(kind, options.backend, w, &host);
+    if (choice == "self") return make_self_communicator();
+    if (choice == "mpi") return mpi_communicator();
+    return nccl_communicator(host == "mpi" ? mpi_communicator() : make_self_communicator(),
+                             options.timeout_s);
 }
 
 [[noreturn]] void abort_job(const std::string& msg, int code) {

@@ -37,7 +37,11 @@ int main(int argc, char** argv) {
         // MPI starts when a launcher started us (or parallel.comm asks for it); every rank
         // checks that it runs the same configuration before any work.
         env = init_comm(&argc, &argv, to_string(cfg.parallel.comm));
-        std::unique_ptr<Communicator> comm = make_communicator(to_string(cfg.parallel.comm));
+        CommOptions comm_opts;
+        comm_opts.backend = to_string(cfg.model.backend);
+        comm_opts.timeout_s = cfg.parallel.timeout_s;
+        std::unique_ptr<Communicator> comm =
+            make_communicator(to_string(cfg.parallel.comm), comm_opts);
         check_same_config(*comm, cfg.hash());
         run_job(cfg, *comm);
         comm->barrier();

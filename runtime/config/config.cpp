@@ -479,6 +479,7 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("parallel.exchange", par, &C::ParallelSection::exchange));
         f.push_back(
             int_field("parallel.emulate_ranks", par, &C::ParallelSection::emulate_ranks, 0));
+        f.push_back(float_field("parallel.timeout_s", par, &C::ParallelSection::timeout_s, 1e-3));
 
         f.push_back(enum_field("ring.layout", &C::ring, &C::RingSection::layout));
         f.push_back(enum_field("ring.exchange", &C::ring, &C::RingSection::exchange));
@@ -857,7 +858,6 @@ void check_implemented(const Config& c) {
     planned(!c.cache.path.empty(), "cache.path (KV-cache store)");
     planned(!c.cache.build_from.empty(), "cache.build_from (KV-cache store)");
     planned(c.method.name == Config::Method::reform, "method.name = \"reform\"");
-    planned(c.parallel.comm == Config::Comm::nccl, "parallel.comm = \"nccl\"");
     planned(c.model.dtype != Config::DType::fp32,
             std::string("model.dtype = \"") + enum_name(c.model.dtype) + "\" (fp32 only)");
     for (const Config::Method m : c.niah.methods) {

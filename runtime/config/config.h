@@ -97,6 +97,8 @@ struct Config {
         Comm comm = Comm::automatic;
         Exchange exchange = Exchange::kv;
         int emulate_ranks = 0;  // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+        // >= 0.001: deadline of one collective, seconds (DESIGN §11)
+        double timeout_s = 600.0;
     };
     struct RingSection {
         RingLayout layout = RingLayout::zigzag;

@@ -58,12 +58,16 @@ const std::map<std::string, std::string>& descriptions() {
          "line with a string `\"text\"` (or `\"context\"`), or a JSON string; `.txt` = documents "
          "separated by lines holding only `---`, each trimmed, empty ones skipped"},
         {"request.question", "the question"},
+        {"request.reference",
+         "expected answer: printed next to the model's answer with whether the answer contains it "
+         "(case-insensitive), and stored in the result JSON"},
         {"request.question_file", "the question from a text file instead (not both), trimmed"},
         {"request.template",
          "instruction template around the question (`longbench` is the paper's wording, `raw` "
          "adds nothing)"},
         {"request.chat_template",
-         "chat format; `auto` detects it from the model file's template and tokenizer"},
+         "chat format; `auto` detects it from the model file (ChatML or Llama-3; an error when it "
+         "is neither: set `raw` for no template)"},
         {"chunking.mode",
          "`passage`: one chunk per document; `fixed`: the concatenated context cut into chunks "
          "of `chunking.size` tokens"},
@@ -96,8 +100,12 @@ const std::map<std::string, std::string>& descriptions() {
          "`ratio`: the first ⌊ratio·\\|C\\|⌋ tokens of each chunk; `fixed`: the first `epic.k`"},
         {"epic.k", "tokens per chunk for `epic.mode = \"fixed\"`"},
         {"parallel.comm",
-         "communicator; `auto` = MPI when started by a launcher, else one rank; `nccl` is "
-         "planned"},
+         "communicator; `auto` = NCCL with the cuda backend (when built), else MPI when started "
+         "by a launcher, else one rank; `nccl` = device collectives over NCCL (MPI bootstraps it "
+         "and carries host buffers)"},
+        {"parallel.timeout_s",
+         "deadline in seconds of every blocking collective or wait; a peer that does not arrive "
+         "ends the job naming the rank and phase"},
         {"parallel.exchange",
          "recompute exchange on P ranks: `kv` all-gathers the selected tokens' K/V; `exact` "
          "passes the queries (pass-Q) and reproduces the one-rank result"},
@@ -130,6 +138,8 @@ const std::map<std::string, std::string>& descriptions() {
         {"bench.methods", "methods, as in `method.name`"},
         {"bench.runs", "timed runs per row; the median is reported"},
         {"bench.warmup", "untimed runs before them"},
+        {"bench.spread_limit",
+         "flag a row (`!`) whose (max - min) / median over the timed runs exceeds this"},
         {"bench.threads", "CPU threads per rank for the benchmark; `0` = `model.threads`"},
         {"bench.emulate_timing",
          "run `parallel.emulate_ranks` virtual ranks in one process, taking turns on the one "
@@ -144,6 +154,9 @@ const std::map<std::string, std::string>& descriptions() {
          "`cache-build` job"},
         {"output.path", "results JSON (`--out` overrides it)"},
         {"output.csv", "table rows as CSV (`niah`, `bench-ttft`, `eval`)"},
+        {"output.name",
+         "file name (without extension) of the results written by `--results-dir`; empty = the "
+         "config file's name"},
     };
     return d;
 }

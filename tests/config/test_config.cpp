@@ -101,6 +101,7 @@ k = 8
 comm = "nccl"
 exchange = "exact"
 emulate_ranks = 4
+timeout_s = 30.5
 [ring]
 layout = "contiguous"
 exchange = "allgather"
@@ -185,6 +186,7 @@ TEST_CASE("defaults follow DESIGN", "[cpu][config]") {
     CHECK(c.parallel.comm == C::Comm::automatic);
     CHECK(c.parallel.exchange == C::Exchange::kv);
     CHECK(c.parallel.emulate_ranks == 0);
+    CHECK(c.parallel.timeout_s == 600.0);
     CHECK(c.ring.layout == C::RingLayout::zigzag);
     CHECK(c.ring.exchange == C::RingExchange::p2p);
     CHECK(c.decode.max_new_tokens == 32);
@@ -229,6 +231,7 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.parallel.comm == C::Comm::nccl);
     CHECK(c.parallel.exchange == C::Exchange::exact);
     CHECK(c.parallel.emulate_ranks == 4);
+    CHECK(c.parallel.timeout_s == 30.5);
     CHECK(c.ring.layout == C::RingLayout::contiguous);
     CHECK(c.ring.exchange == C::RingExchange::allgather);
     CHECK(c.decode.max_new_tokens == 7);
@@ -344,6 +347,8 @@ TEST_CASE("out-of-range values and bad enum names", "[cpu][config]") {
           "bench.runs at x.toml:2: must be >= 1, got 0");
     CHECK(error_of([] { parse("[decode]\ntemperature = -1\n"); }) ==
           "decode.temperature at x.toml:2: must be >= 0, got -1");
+    CHECK(error_of([] { parse("[parallel]\ntimeout_s = 0\n"); }) ==
+          "parallel.timeout_s at x.toml:2: must be >= 0.001, got 0");
     CHECK(error_of([] { parse("[model]\nthreads = 4294967296\n"); }) ==
           "model.threads at x.toml:2: must be <= 2147483647, got 4294967296");
     CHECK(error_of([] { parse("[scoring]\nlayers = [3, -1]\n"); }) ==
@@ -631,7 +636,6 @@ TEST_CASE("planned features are rejected on the command line", "[cpu][config]") 
         {"cache.path=kv.h5", "cache.path"},
         {"cache.build_from=docs.jsonl", "cache.build_from"},
         {"method.name=reform", "method.name = \"reform\""},
-        {"parallel.comm=nccl", "parallel.comm = \"nccl\""},
         {"model.dtype=bf16", "model.dtype = \"bf16\""},
         {"niah.methods=[full,reform]", "niah.methods"},
     };
