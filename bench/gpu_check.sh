@@ -240,7 +240,7 @@ for e in json.load(open(sys.argv[1]))[int(sys.argv[2])]["env"]: print(e)' "$test
         run_step "bench_gpu_ops" 120 77 "$bin/bench_gpu_ops" --runs 20 --warmup 3
         grep -h '^{"bench":"gpu_ops"' "$OUT/logs/bench_gpu_ops.log" > "$OUT/gpu_ops.jsonl" || true
     else
-        record "bench_gpu_ops" "skip" 0 "bench_gpu_ops not built (no CUDA in this build)" \
+        record "bench_gpu_ops" "skip" 0 "bench_gpu_ops not built (needs CUDA and FlashInfer)" \
             "$([ "$mode" = dry-run ] && echo 1 || echo 0)"
     fi
 

@@ -121,7 +121,7 @@ def main():
     targets = []
 
     def target(name, ok, value):
-        if dry and ok is not None:
+        if dry:
             status = "n/a"  # thresholds are for the device; the dry run checks the steps
         else:
             status = "not-run" if ok is None else ("pass" if ok else "fail")
