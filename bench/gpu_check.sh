@@ -53,30 +53,8 @@ case "$pack_dir" in /*) ;; *) pack_dir="$PWD/$pack_dir" ;; esac
 
 die() { echo "gpu_check.sh: error: $*" >&2; exit 1; }
 
-# The GPU tests of a configured build dir as JSON: [{name, command, skip_rc, timeout, env}], with
-# the build dir written as {bin} and the source tree as {src}; tests run under mpiexec are left
-# out (no MPI on the device).
-gpu_test_list() {
-    local build="$1"
-    (cd "$build" && ctest -L gpu --show-only=json-v1) | python3 -c '
-import json, sys
-build, src = sys.argv[1], sys.argv[2]
-data = json.load(sys.stdin)
-out = []
-for t in data.get("tests", []):
-    cmd = t.get("command") or []
-    if any("mpiexec" in c or "mpirun" in c for c in cmd):
-        continue
-    props = {p["name"]: p["value"] for p in t.get("properties", [])}
-    def rel(c):
-        return c.replace(build, "{bin}").replace(src, "{src}")
-    out.append({"name": t["name"], "command": [rel(c) for c in cmd],
-                "skip_rc": int(props.get("SKIP_RETURN_CODE", -1)),
-                "timeout": int(float(props.get("TIMEOUT", 300))),
-                "env": props.get("ENVIRONMENT", [])})
-json.dump(out, sys.stdout, indent=1)
-' "$build" "$root"
-}
+# The GPU tests of a built build dir as JSON (bench/gpu_check_tests.py).
+gpu_test_list() { python3 "$root/bench/gpu_check_tests.py" list "$1" "$root"; }
 
 # ---- --pack -----------------------------------------------------------------------------------
 do_pack() {
@@ -88,29 +66,21 @@ do_pack() {
     echo "== configure $build (CUDA arch 90, no MPI, no HDF5, static cudart and OpenBLAS)"
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DINFOFLOW_ENABLE_MPI=OFF -DINFOFLOW_ENABLE_HDF5=OFF -DBLA_STATIC=ON \
-        -DINFOFLOW_MODEL_PATH="models/$model_name" "${launcher[@]}" \
+        -DINFOFLOW_MODEL_PATH:STRING="models/$model_name" "${launcher[@]}" \
         > "$build.configure.log" 2>&1 || { cat "$build.configure.log" >&2; die "configure failed"; }
     sed -n '/infoflow_sp configuration/,/model for tests/p' "$build.configure.log"
     grep -q 'CUDA *: ON' "$build.configure.log" ||
         echo "warning: CUDA is not enabled in this build: the pack runs on the CPU backend only"
 
-    # Targets: the binary, the GPU tests' executables, bench_gpu_ops when it exists.
+    # Targets: the binary, the executables of the tests labelled gpu, bench_gpu_ops.
     local targets=(infoflow_sp) t
-    local tests_json
-    tests_json="$(gpu_test_list "$build")" || die "cannot list the GPU tests of $build"
-    for t in $(echo "$tests_json" | python3 -c '
-import json, os, sys
-for t in json.load(sys.stdin):
-    for c in t["command"]:
-        if c.startswith("{bin}/"):
-            print(os.path.basename(c))' | sort -u); do
-        targets+=("$t")
-    done
-    if cmake --build "$build" --target help | grep -q ' bench_gpu_ops$'; then
-        targets+=(bench_gpu_ops)
-    fi
+    for t in $(python3 "$root/bench/gpu_check_tests.py" targets "$build"); do targets+=("$t"); done
+    cmake --build "$build" --target help > "$build.targets.txt" 2>&1
+    grep -q ' bench_gpu_ops$' "$build.targets.txt" && targets+=(bench_gpu_ops)
     echo "== build ${targets[*]}"
     cmake --build "$build" -j "${INFOFLOW_JOBS:-2}" --target "${targets[@]}" || die "build failed"
+    local tests_json
+    tests_json="$(gpu_test_list "$build")" || die "cannot list the GPU tests of $build"
 
     local stage
     stage="$(mktemp -d)"
