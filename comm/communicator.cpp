@@ -5,8 +5,11 @@
 // mpi_env.cpp, mpi_comm.cpp and nccl_comm.cpp.
 #include "comm/communicator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -167,7 +170,11 @@ void wait_all(std::vector<Request>& requests) {
 // ---- Communicator: checks and accounting around the do_* calls ---------------------------------
 
 Communicator::Communicator(int rank, int size, int local_rank, int local_size)
-    : rank_(rank), size_(size), local_rank_(local_rank), local_size_(local_size) {
+    : rank_(rank),
+      size_(size),
+      local_rank_(local_rank),
+      local_size_(local_size),
+      watchdog_(rank, std::max(size, 1)) {
     IF_CHECK(size >= 1 && rank >= 0 && rank < size, "bad rank " << rank << " of " << size);
     IF_CHECK(local_size >= 1 && local_rank >= 0 && local_rank < local_size,
              "bad node-local rank " << local_rank << " of " << local_size);
@@ -321,13 +328,23 @@ void Communicator::set_phase(const std::string& phase) {
              "bad communication phase name '" << phase << "' (non-empty, no control characters)");
     phase_ = phase;
     // Fault injection for the end-to-end fault tests: INFOFLOW_INJECT_FAULT="RANK:PHASE" makes
-    // that rank fail as it enters that phase, while the others go on into its collectives.
+    // that rank fail as it enters that phase, while the others go on into its collectives;
+    // "RANK:PHASE:stop" makes it stop itself with SIGSTOP there instead (a hung rank, for the
+    // watchdog tests).
     if (const char* spec = std::getenv("INFOFLOW_INJECT_FAULT")) {
         const std::string s(spec);
         const size_t colon = s.find(':');
-        if (colon != std::string::npos && s.substr(colon + 1) == phase &&
+        std::string rest = colon == std::string::npos ? "" : s.substr(colon + 1);
+        const bool stop = rest.size() > 5 && rest.compare(rest.size() - 5, 5, ":stop") == 0;
+        if (stop) rest.resize(rest.size() - 5);
+        if (colon != std::string::npos && rest == phase &&
             std::atoi(s.substr(0, colon).c_str()) == rank_) {
-            IF_FAIL("injected fault on rank " << rank_ << " entering phase '" << phase << "'");
+            if (stop) {
+                std::fflush(stdout);
+                std::raise(SIGSTOP);
+            } else {
+                IF_FAIL("injected fault on rank " << rank_ << " entering phase '" << phase << "'");
+            }
         }
     }
     on_set_phase(phase_);
@@ -461,7 +478,10 @@ void check_same_config(Communicator& comm, const std::string& config_hash) {
     std::memcpy(slot.data(), h.data(), h.size());
     const int p = comm.size();
     std::string all(k_config_hash_slot * p, '\0');
-    comm.all_gather(slot.data(), k_config_hash_slot, all.data());
+    {
+        PhaseScope scope(comm, "startup");
+        comm.all_gather(slot.data(), k_config_hash_slot, all.data());
+    }
 
     auto hash_of = [&](int r) {
         const char* s = all.data() + k_config_hash_slot * r;
@@ -487,6 +507,59 @@ void check_same_config(Communicator& comm, const std::string& config_hash) {
     IF_FAIL(os.str());
 }
 
+// ---- check_same_model ----------------------------------------------------------------------
+
+void check_same_model(Communicator& comm, const std::string& identity, const std::string& source) {
+    // As in check_same_config, nothing may throw before the all-gather.
+    const std::string id =
+        identity.size() < k_model_identity_slot ? identity : fnv1a64_hex(identity);
+    char host[64] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+    const size_t k_host = sizeof host;
+    const size_t slot = k_model_identity_slot + k_host + k_model_source_slot;
+    std::string mine(slot, '\0');
+    std::memcpy(&mine[0], id.data(), id.size());
+    std::memcpy(&mine[k_model_identity_slot], host, std::strlen(host));
+    // The file as this host resolves it: the same relative path may name different files.
+    std::string file = source;
+    if (char* real = ::realpath(source.c_str(), nullptr)) {
+        file = real;
+        std::free(real);
+    }
+    std::memcpy(&mine[k_model_identity_slot + k_host], file.data(),
+                std::min(file.size(), k_model_source_slot - 1));
+    const int p = comm.size();
+    std::string all(slot * p, '\0');
+    {
+        PhaseScope scope(comm, "startup");
+        comm.all_gather(mine.data(), slot, all.data());
+    }
+    comm.watchdog().end_startup();
+
+    auto field = [&](int r, size_t off, size_t cap) {
+        const char* f = all.data() + slot * r + off;
+        return std::string(f, strnlen(f, cap));
+    };
+    auto describe = [&](int r) {
+        return "rank " + std::to_string(r) + " on " + field(r, k_model_identity_slot, k_host) +
+               " loaded '" + field(r, k_model_identity_slot + k_host, k_model_source_slot) +
+               "' (fingerprint " + field(r, 0, k_model_identity_slot) + ")";
+    };
+    const std::string ref = field(0, 0, k_model_identity_slot);
+    std::vector<int> bad;
+    for (int r = 1; r < p; ++r) {
+        if (field(r, 0, k_model_identity_slot) != ref) bad.push_back(r);
+    }
+    if (bad.empty()) return;
+    std::ostringstream os;
+    os << "the model differs across ranks: " << describe(0);
+    const size_t k_listed = 4;
+    for (size_t i = 0; i < bad.size() && i < k_listed; ++i) os << "; " << describe(bad[i]);
+    if (bad.size() > k_listed) os << "; and " << bad.size() - k_listed << " more ranks";
+    os << "; every rank must load the same model file (same weights, shapes and tokenizer)";
+    IF_FAIL(os.str());
+}
+
 // ---- factory -------------------------------------------------------------------------------
 
 // The one #if on MPI (STYLE §3): what the rest of this section may call.
@@ -500,7 +573,9 @@ int mpi_world_size() { return MpiEnv::world_size(); }
 std::unique_ptr<CommEnv> mpi_env(int* argc, char*** argv) {
     return std::make_unique<MpiEnv>(argc, argv);
 }
-std::unique_ptr<Communicator> mpi_communicator() { return make_mpi_communicator(); }
+std::unique_ptr<Communicator> mpi_communicator(const WatchdogTimeouts& t) {
+    return make_mpi_communicator(t);
+}
 #else
 constexpr bool k_have_mpi = false;
 bool mpi_up() { return false; }
@@ -508,7 +583,9 @@ int mpi_world_rank() { return 0; }
 int mpi_world_size() { return 1; }
 [[noreturn]] void mpi_abort(int code) { std::_Exit(code); }
 std::unique_ptr<CommEnv> mpi_env(int*, char***) { IF_FAIL("MPI is not built"); }
-std::unique_ptr<Communicator> mpi_communicator() { IF_FAIL("MPI is not built"); }
+std::unique_ptr<Communicator> mpi_communicator(const WatchdogTimeouts&) {
+    IF_FAIL("MPI is not built");
+}
 #endif
 
 // The one #if on NCCL (STYLE §3).
@@ -555,6 +632,10 @@ int launcher_world_size() {
         n = env_int("SLURM_STEP_NUM_TASKS", env_int("SLURM_NTASKS", 1));
     }
     return n;
+}
+
+int launcher_world_rank() {
+    return env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", env_int("PMIX_RANK", 0)));
 }
 
 std::unique_ptr<CommEnv> init_comm(int* argc, char*** argv, const std::string& kind) {
@@ -604,9 +685,15 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind,
     w.launcher_size = launcher_world_size();
     std::string host;
     const std::string choice = comm_choice(kind, options.backend, w, &host);
-    if (choice == "self") return make_self_communicator();
-    if (choice == "mpi") return mpi_communicator();
-    return nccl_communicator(host == "mpi" ? mpi_communicator() : make_self_communicator(),
+    const WatchdogTimeouts timeouts{options.timeout_s, options.startup_timeout_s};
+    auto self = [&] {
+        std::unique_ptr<Communicator> c = make_self_communicator();
+        c->watchdog().set_timeouts(timeouts);
+        return c;
+    };
+    if (choice == "self") return self();
+    if (choice == "mpi") return mpi_communicator(timeouts);
+    return nccl_communicator(host == "mpi" ? mpi_communicator(timeouts) : self(),
                              options.timeout_s);
 }
 
@@ -617,9 +704,11 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind,
         rank = mpi_world_rank();
         size = mpi_world_size();
     } else {
-        rank = env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", env_int("PMIX_RANK", 0)));
+        rank = launcher_world_rank();
         size = std::max(1, launcher_world_size());
     }
+    std::signal(SIGTERM, SIG_DFL);  // as in MpiComm::abort: no "interrupted" line after this
+    std::signal(SIGINT, SIG_DFL);
     std::cout.flush();
     std::fflush(stdout);
     std::fprintf(stderr, "[rank %d/%d] error: %s\n", rank, size, msg.c_str());

@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/watchdog.h"
+
 namespace infoflow {
 
 // Element type of all_reduce.
@@ -199,6 +201,12 @@ class Communicator {
     // Used by Request to charge its wait time.
     void add_wait(const std::string& phase, double ms);
 
+    // ---- watchdog (DESIGN §11, comm/watchdog.h) ----
+    // The deadlines of this communicator's waits: set_timeouts() after construction, and
+    // end_startup() once the start-up checks are done (check_same_model does it). SelfComm
+    // never waits for a peer, so its watchdog is never consulted.
+    Watchdog& watchdog() { return watchdog_; }
+
   protected:
     Communicator(int rank, int size, int local_rank, int local_size);
 
@@ -237,6 +245,7 @@ class Communicator {
     std::string phase_ = "other";
     std::vector<std::string> phase_order_;
     std::map<std::string, CommStats> stats_;
+    Watchdog watchdog_;
 };
 
 // Counts calls under `phase` for its lifetime, then restores the previous phase.
@@ -265,6 +274,19 @@ constexpr size_t k_config_hash_slot = 64;
 // from rank 0's, throws infoflow::Error on every rank naming the differing ranks and hashes.
 void check_same_config(Communicator& comm, const std::string& config_hash);
 
+// Slots check_same_model compares (exposed for tests): the identity and the file name.
+constexpr size_t k_model_identity_slot = 64;
+constexpr size_t k_model_source_slot = 960;
+
+// Collective start-up check (DESIGN §11) of the model every rank loaded: `identity` is a
+// fingerprint of what was loaded (architecture, shapes, tensor bytes, tokenizer; a longer one is
+// compared by its FNV-1a hex), `source` the file it came from (reported as this host resolves
+// it, realpath, since one relative path may name different files; truncated to the slot). When any
+// rank's identity differs from rank 0's, throws infoflow::Error on every rank naming rank 0 and
+// each differing rank with its host, file and identity. Then ends the watchdog's start-up period
+// (later waits get parallel.timeout_s).
+void check_same_model(Communicator& comm, const std::string& identity, const std::string& source);
+
 // ---- construction (the factory file is the only place that knows what is built) ----
 
 // True when this binary was built with the MPI communicator.
@@ -274,6 +296,9 @@ bool comm_have_mpi();
 // OMPI_COMM_WORLD_SIZE; Hydra and Slurm PMI-2: PMI_SIZE; srun --mpi=pmix: PMIX_RANK with
 // SLURM_STEP_NUM_TASKS), or 0 when not started by a launcher. Needs no library.
 int launcher_world_size();
+// This process's rank announced by the launcher (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK), 0
+// when none. Needs no library.
+int launcher_world_rank();
 
 // Keeps the communication library initialized while it lives (MPI: an MpiEnv). Move-only.
 class CommEnv {
@@ -293,7 +318,9 @@ std::unique_ptr<CommEnv> init_comm(int* argc, char*** argv, const std::string& k
 // What make_communicator needs beyond the kind.
 struct CommOptions {
     std::string backend = "cpu";  // model.backend: "auto" picks nccl for "cuda" when built
-    double timeout_s = 600.0;     // parallel.timeout_s: deadline of one device operation (nccl)
+    double timeout_s = 600.0;     // parallel.timeout_s: deadline of one wait or device operation
+    double startup_timeout_s = 300.0;  // parallel.startup_timeout_s: waits before the start-up
+                                       // checks are done (check_same_model ends that period)
 };
 
 // kind: "auto" | "mpi" | "self" | "nccl".

@@ -1,5 +1,6 @@
 // infoflow_sp: answers questions over long contexts (DESIGN §1, §9).
 //   infoflow_sp --config FILE [--set section.key=value ...] [--out FILE.json]
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
@@ -34,15 +35,19 @@ int main(int argc, char** argv) {
             std::printf("%s\n", cfg.to_json().dump(2).c_str());
             return 0;
         }
+        install_interrupt_handlers(launcher_world_rank(), std::max(1, launcher_world_size()));
         // MPI starts when a launcher started us (or parallel.comm asks for it); every rank
         // checks that it runs the same configuration before any work.
         env = init_comm(&argc, &argv, to_string(cfg.parallel.comm));
         CommOptions comm_opts;
         comm_opts.backend = to_string(cfg.model.backend);
         comm_opts.timeout_s = cfg.parallel.timeout_s;
+        comm_opts.startup_timeout_s = cfg.parallel.startup_timeout_s;
         std::unique_ptr<Communicator> comm =
             make_communicator(to_string(cfg.parallel.comm), comm_opts);
+        install_interrupt_handlers(comm->rank(), comm->size());
         check_same_config(*comm, cfg.hash());
+        if (comm->rank() == 0) check_outputs_writable(cfg);
         run_job(cfg, *comm);
         comm->barrier();
         return 0;

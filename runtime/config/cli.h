@@ -36,4 +36,14 @@ std::string cli_usage(const std::string& program = "infoflow_sp");
 // --results-dir, then check_implemented.
 Config load_config_from_cli(const CliArgs& args);
 
+// Before the run (finding: an unwritable --out lost the whole computation): every output file
+// of `cfg` (output.path, output.csv) can be created, by creating and removing a temp file next
+// to it. Throws infoflow::Error naming the key and the path.
+void check_outputs_writable(const Config& cfg);
+
+// SIGINT and SIGTERM end the process with one line "[rank r/P] interrupted (SIGINT)" on stderr
+// and exit code 130 / 143; no result file is half-written (results are written atomically).
+// `rank`/`size` label the line; call again once they are known (e.g. after MPI start-up).
+void install_interrupt_handlers(int rank, int size);
+
 }  // namespace infoflow

@@ -52,6 +52,7 @@ struct Config {
         Backend backend = Backend::cpu;
         int threads = 2;            // CPU threads per rank; 0 = all cores (OpenMP default)
         DType dtype = DType::fp32;  // compute type of weights and activations
+        bool check_finite = true;   // reject NaN/Inf in the loaded weights, naming the tensor
     };
     struct RequestSection {
         std::string system;                  // system prompt (part of chunk 0)
@@ -96,9 +97,9 @@ struct Config {
     struct ParallelSection {
         Comm comm = Comm::automatic;
         Exchange exchange = Exchange::kv;
-        int emulate_ranks = 0;  // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
-        // >= 0.001: deadline of one collective, seconds (DESIGN §11)
-        double timeout_s = 600.0;
+        int emulate_ranks = 0;     // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+        double timeout_s = 600.0;  // a peer that does not arrive ends the job (§11)
+        double startup_timeout_s = 300.0;  // the same until the start-up checks are done
     };
     struct RingSection {
         RingLayout layout = RingLayout::zigzag;

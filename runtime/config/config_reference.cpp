@@ -47,6 +47,8 @@ const std::map<std::string, std::string>& descriptions() {
          "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
          "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
         {"model.backend", "compute backend; `cuda` is planned (the CPU backend runs everything)"},
+        {"model.check_finite",
+         "reject NaN/Inf in any loaded tensor of a model file, naming the tensor"},
         {"model.threads", "CPU threads per rank; `0` = all cores (the OpenMP default)"},
         {"model.dtype",
          "compute type of weights and activations; the CPU backend computes in fp32 (`bf16` / "
@@ -103,6 +105,8 @@ const std::map<std::string, std::string>& descriptions() {
          "communicator; `auto` = NCCL with the cuda backend (when built), else MPI when started "
          "by a launcher, else one rank; `nccl` = device collectives over NCCL (MPI bootstraps it "
          "and carries host buffers)"},
+        {"parallel.startup_timeout_s",
+         "the same deadline until the start-up checks (config and model identity) are done"},
         {"parallel.timeout_s",
          "deadline in seconds of every blocking collective or wait; a peer that does not arrive "
          "ends the job naming the rank and phase"},

@@ -26,6 +26,11 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     std::unique_ptr<Session> s = open_session(cfg, comm.local_rank());
     progress::phase_end("load", s->load_ms);
     s->comm = &comm;
+    // Every rank must have loaded the same model: weights, shapes and tokenizer (DESIGN §11).
+    check_same_model(
+        comm,
+        s->weights->fingerprint + (s->tokenizer ? "-" + hex64(s->tokenizer->fingerprint()) : ""),
+        s->weights->source);
     nlohmann::json result;
     switch (cfg.job) {
         case Config::Job::answer:

@@ -69,6 +69,7 @@ job = "bench-ttft"
 path = "random:tiny"
 backend = "cuda"
 threads = 8
+check_finite = false
 dtype = "bf16"
 [request]
 system = "Be brief."
@@ -102,6 +103,7 @@ comm = "nccl"
 exchange = "exact"
 emulate_ranks = 4
 timeout_s = 30.5
+startup_timeout_s = 20
 [ring]
 layout = "contiguous"
 exchange = "allgather"
@@ -187,6 +189,8 @@ TEST_CASE("defaults follow DESIGN", "[cpu][config]") {
     CHECK(c.parallel.exchange == C::Exchange::kv);
     CHECK(c.parallel.emulate_ranks == 0);
     CHECK(c.parallel.timeout_s == 600.0);
+    CHECK(c.parallel.startup_timeout_s == 300.0);
+    CHECK(c.model.check_finite);
     CHECK(c.ring.layout == C::RingLayout::zigzag);
     CHECK(c.ring.exchange == C::RingExchange::p2p);
     CHECK(c.decode.max_new_tokens == 32);
@@ -232,6 +236,8 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.parallel.exchange == C::Exchange::exact);
     CHECK(c.parallel.emulate_ranks == 4);
     CHECK(c.parallel.timeout_s == 30.5);
+    CHECK(c.parallel.startup_timeout_s == 20.0);
+    CHECK_FALSE(c.model.check_finite);
     CHECK(c.ring.layout == C::RingLayout::contiguous);
     CHECK(c.ring.exchange == C::RingExchange::allgather);
     CHECK(c.decode.max_new_tokens == 7);
