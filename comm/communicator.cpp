@@ -347,6 +347,7 @@ void Communicator::set_phase(const std::string& phase) {
             }
         }
     }
+    on_set_phase(phase_);
 }
 
 std::vector<PhaseStats> Communicator::stats() const {

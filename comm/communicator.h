@@ -229,6 +229,9 @@ class Communicator {
                                                   Stream stream) = 0;
     virtual void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv,
                              size_t recv_bytes, int src, int tag, Stream stream) = 0;
+    // Called by set_phase after the phase changed (ThreadComm closes a timed compute segment
+    // there); the default does nothing.
+    virtual void on_set_phase(const std::string& /*phase*/) {}
 
   private:
     void check_stream(Stream stream) const;

@@ -565,6 +565,9 @@ const std::vector<Field>& fields() {
         f.push_back(int_field("bench.warmup", bench, &B::warmup, 0));
         f.push_back(int_field("bench.threads", bench, &B::threads, 0));
         f.push_back(float_field("bench.spread_limit", bench, &B::spread_limit, 0.0));
+        f.push_back(bool_field("bench.emulate_timing", bench, &B::emulate_timing));
+        f.push_back(float_field("bench.link_alpha_us", bench, &B::link_alpha_us, 0.0));
+        f.push_back(float_field("bench.link_beta_gbs", bench, &B::link_beta_gbs, 0.001));
 
         f.push_back(string_field("cache.path", &C::cache, &C::CacheSection::path));
         f.push_back(string_field("cache.build_from", &C::cache, &C::CacheSection::build_from,
@@ -726,6 +729,15 @@ class Loader {
         if (!r.question.empty() && !r.question_file.empty()) {
             fail(where("request.question_file") +
                  ": set either request.question or request.question_file, not both");
+        }
+        if (cfg_.bench.emulate_timing && cfg_.job != Config::Job::bench_ttft) {
+            fail(where("bench.emulate_timing") +
+                 ": the emulated timing mode is for job = "
+                 "\"bench-ttft\" only");
+        }
+        if (cfg_.bench.emulate_timing && cfg_.parallel.emulate_ranks < 1) {
+            fail(where("bench.emulate_timing") +
+                 ": needs parallel.emulate_ranks >= 1 (the number of virtual ranks)");
         }
     }
 

@@ -135,6 +135,10 @@ struct Config {
         int threads = 0;  // CPU threads per rank for the benchmark; 0 = model.threads
         // A row whose (max - min) / median TTFT exceeds this is flagged as noisy.
         double spread_limit = 0.25;
+        // parallel.emulate_ranks virtual ranks in one process, timed (runtime/parallel/emulate.h)
+        bool emulate_timing = false;
+        double link_alpha_us = 10.0;   // alpha-beta model of a link (comm/comm_model.h)
+        double link_beta_gbs = 370.0;  // GB/s per direction
     };
     struct CacheSection {
         std::string path;        // HDF5 KV store

@@ -115,7 +115,7 @@ const std::map<std::string, std::string>& descriptions() {
          "passes the queries (pass-Q) and reproduces the one-rank result"},
         {"parallel.emulate_ranks",
          "on one rank, run the `kv` visibility mask of this many ranks (the oracle of a "
-         "P-rank `kv` run); `0` = off"},
+         "P-rank `kv` run); `0` = off; with `bench.emulate_timing`: the number of virtual ranks"},
         {"ring.layout",
          "sequence layout of ring attention: `zigzag` (causal balance) or "
          "`contiguous`"},
@@ -145,6 +145,13 @@ const std::map<std::string, std::string>& descriptions() {
         {"bench.spread_limit",
          "flag a row (`!`) whose (max - min) / median over the timed runs exceeds this"},
         {"bench.threads", "CPU threads per rank for the benchmark; `0` = `model.threads`"},
+        {"bench.emulate_timing",
+         "run `parallel.emulate_ranks` virtual ranks in one process, taking turns on the one "
+         "device: compute measured per segment, communication modelled (docs/gpu.md)"},
+        {"bench.link_alpha_us",
+         "latency of one message step in the emulated timing mode, microseconds (NVLink: 10)"},
+        {"bench.link_beta_gbs",
+         "bandwidth of one link, one direction, in the emulated timing mode, GB/s (NVLink: 370)"},
         {"cache.path", "HDF5 KV-cache store (planned, docs/design.md §8)"},
         {"cache.build_from",
          "documents file (`.jsonl` / `.txt`, as `request.documents_file`) for the planned "

@@ -19,6 +19,7 @@
 #include "runtime/jobs/job_report.h"
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/session.h"
+#include "runtime/parallel/emulate.h"
 #include "runtime/parallel/run.h"
 
 namespace infoflow {
@@ -63,12 +64,52 @@ struct Variant {
     Config cfg;
 };
 
+// bench.emulate_timing: which figures of a row are measured and which modelled, and the per-rank
+// breakdown of the last timed run (runtime/parallel/emulate.h).
+nlohmann::json timing_json(const EmulatedTiming& t) {
+    using nlohmann::json;
+    json per_rank = json::array();
+    for (const auto& phases : t.per_rank) {
+        json ranks = json::array();
+        for (const PhaseTiming& p : phases) {
+            if (p.phase == "other" && p.segments <= 1 && p.collectives == 0) continue;
+            ranks.push_back({{"phase", p.phase},
+                             {"compute_ms", p.compute_ms},
+                             {"comm_ms", p.comm_ms},
+                             {"wait_ms", p.wait_ms}});
+        }
+        per_rank.push_back(ranks);
+    }
+    return {{"mode", "emulated"},
+            {"virtual_ranks", t.ranks},
+            {"link", {{"alpha_us", t.link.alpha_us}, {"beta_gbs", t.link.beta_gbs}}},
+            {"measured", t.ranks == 1 ? json::array({"ttft_ms", "phases_ms"})
+                                      : json::array({"per_rank[].compute_ms"})},
+            {"modelled", t.ranks == 1 ? json::array()
+                                      : json::array({"ttft_ms", "phases_ms", "per_rank[].comm_ms",
+                                                     "per_rank[].wait_ms"})},
+            {"per_rank_last_run", per_rank}};
+}
+
 }  // namespace
 
 nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
     using nlohmann::json;
     Communicator& comm = *s.comm;
-    const int P = comm.size();
+    // bench.emulate_timing: P = parallel.emulate_ranks virtual ranks in this one process.
+    const bool emulate = cfg_in.bench.emulate_timing;
+    if (emulate) {
+        IF_CHECK(comm.size() == 1,
+                 "bench.emulate_timing runs parallel.emulate_ranks virtual ranks in "
+                 "one process; start it without mpirun (this job has "
+                     << comm.size() << " ranks)");
+        IF_CHECK(cfg_in.parallel.emulate_ranks >= 1,
+                 "bench.emulate_timing needs parallel.emulate_ranks >= 1 (the virtual ranks)");
+    }
+    LinkModel link;
+    link.alpha_us = cfg_in.bench.link_alpha_us;
+    link.beta_gbs = cfg_in.bench.link_beta_gbs;
+    const int P = emulate ? cfg_in.parallel.emulate_ranks : comm.size();
     const bool root = comm.rank() == 0;
     Config base = cfg_in;
     base.decode.max_new_tokens = 1;  // TTFT: the first answer token only
@@ -115,9 +156,27 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             std::map<std::string, std::vector<double>> phase_ms;
             std::vector<std::string> phase_order;
             double bytes_per_layer = 0.0, bytes_per_layer_mean = 0.0;
+            EmulatedTiming timing;
             for (int run = 0; run < base.bench.warmup + base.bench.runs; ++run) {
                 comm.barrier();
-                const MethodResult r = run_request(*s.model, req, v.cfg, comm, {});
+                MethodResult r;
+                if (emulate) {
+                    // TTFT and phases: the modelled critical path; bytes: the real accounting.
+                    EmulatedRun er =
+                        run_emulated(*s.model, req, v.cfg, v.label == "single" ? 1 : P, link, {});
+                    r = std::move(er.per_rank[0]);
+                    r.ttft_ms = er.timing.ttft_ms;
+                    r.phases.clear();
+                    for (const auto& p : er.timing.critical_path) {
+                        PhaseTime pt;
+                        pt.name = p.first;
+                        pt.ms = p.second;
+                        r.phases.push_back(pt);
+                    }
+                    timing = std::move(er.timing);
+                } else {
+                    r = run_request(*s.model, req, v.cfg, comm, {});
+                }
                 double t = r.ttft_ms;
                 comm.broadcast(&t, sizeof(t), 0);
                 if (run < base.bench.warmup) continue;
@@ -171,6 +230,7 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             json phases = json::object();
             for (const auto& name : phase_order) phases[name] = median(phase_ms[name]);
             row["phases_ms"] = phases;
+            if (emulate) row["timing"] = timing_json(timing);
             rows.push_back(row);
             sweep.step();
             if (root) {
@@ -188,6 +248,12 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             "max)\n",
             s.weights->source.c_str(), P, P > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
             base.method.ratio, base.bench.runs);
+        if (emulate) {
+            std::printf(
+                "emulated: %d virtual ranks taking turns on one %s backend; compute measured per "
+                "segment, collectives modelled (alpha %.1f us, beta %.0f GB/s per direction)\n",
+                P, s.backend->name().c_str(), link.alpha_us, link.beta_gbs);
+        }
         std::printf("%7s  %-16s %5s %9s %9s %9s %7s %9s %9s %14s  %s\n", "tokens", "method",
                     "ranks", "min ms", "median ms", "max ms", "spread", "vs single", "vs ring",
                     "bytes/rk/layer", "phases (median ms)");
