@@ -12,6 +12,7 @@ namespace infoflow {
 nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     std::unique_ptr<Session> s = open_session(cfg, comm.local_rank());
     s->comm = &comm;
+    s->devices = gather_devices(comm, *s->backend);
     nlohmann::json result;
     switch (cfg.job) {
         case Config::Job::answer:
@@ -29,6 +30,7 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
         default:
             IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not available in this build");
     }
+    if (comm.rank() == 0 && result.is_object()) result["devices"] = s->devices;  // by rank
     if (!cfg.output.path.empty() && comm.rank() == 0) {
         write_file_atomic(cfg.output.path, result.dump(2) + "\n");
         std::printf("results    : %s\n", cfg.output.path.c_str());
