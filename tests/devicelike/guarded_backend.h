@@ -1,7 +1,7 @@
 // A strict "device-like" backend for tests (never shipped): the CPU backend's ops, but every
-// Buffer it hands out is its own mmap'd memory kept PROT_NONE except while one of its own calls
-// runs (all live buffers are made readable and writable at the call's entry and inaccessible
-// again at its exit). Its name is not "cpu", so Model treats it as a device backend (weights
+// Buffer it hands out lies in one mmap'd region kept PROT_NONE except while one of its own calls
+// runs (the region is made readable and writable at the call's entry and inaccessible again at
+// its exit). Its name is not "cpu", so Model treats it as a device backend (weights
 // through load_matrix, never read in place). Host code that touches backend memory directly —
 // what would read a device pointer on the host with the CUDA backend — faults at once, and
 // install_guard_handler() turns the fault into a clear message with the faulting address and
@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -29,30 +30,54 @@ namespace infoflow::test {
 
 class GuardedBackend final : public Backend {
   public:
-    explicit GuardedBackend(int n_threads) : cpu_(make_cpu_backend(n_threads)) {}
-    ~GuardedBackend() override {
-        for (const auto& [p, bytes] : live_) munmap(p, bytes);
+    explicit GuardedBackend(int n_threads) : cpu_(make_cpu_backend(n_threads)) {
+        // One reserved region for every buffer, so opening and closing all of them is one
+        // mprotect; transparent huge pages keep that cheap for hundreds of MB of weights.
+        void* m = mmap(nullptr, kReserve + kHuge, PROT_NONE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        IF_CHECK(m != MAP_FAILED, "guarded backend: cannot reserve " << kReserve << " bytes");
+        map_ = static_cast<char*>(m);
+        base_ = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(map_) + kHuge - 1) / kHuge *
+                                        kHuge);
+        top_ = base_;
+        madvise(base_, kReserve, MADV_HUGEPAGE);
     }
+    ~GuardedBackend() override { munmap(map_, kReserve + kHuge); }
+    GuardedBackend(const GuardedBackend&) = delete;
+    GuardedBackend& operator=(const GuardedBackend&) = delete;
 
     std::string name() const override { return "guarded"; }
     std::string device() const override { return "guarded (cpu, memory locked between ops)"; }
     void set_threads(int n_threads) override { cpu_->set_threads(n_threads); }
-    // Counts of calls, for tests that want to see traffic go through the interface.
+    // Calls made so far, for tests that want to see traffic go through the interface.
     size_t ops() const { return ops_; }
 
-    // ---- memory ----
+    // ---- memory: best fit among released blocks, else the end of the region ----
     Buffer alloc(size_t bytes) override {
         if (bytes == 0) return Buffer();
-        const size_t len = round_up(bytes);
-        void* p = mmap(nullptr, len, prot(), MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        IF_CHECK(p != MAP_FAILED, "guarded backend: mmap of " << len << " bytes failed");
+        const size_t len = (bytes + kAlign - 1) / kAlign * kAlign;
+        char* p = nullptr;
+        const auto it = free_.lower_bound(len);
+        if (it != free_.end()) {
+            p = it->second;
+            const size_t have = it->first;
+            free_.erase(it);
+            if (have > len) free_.emplace(have - len, p + len);
+        } else {
+            IF_CHECK(size_t(top_ - base_) + len <= kReserve,
+                     "guarded backend: out of its " << kReserve << "-byte region");
+            p = top_;
+            top_ += len;
+            // Inside an op the rest of the region is open; the new part must be too.
+            if (depth_ > 0) protect(p, len, PROT_READ | PROT_WRITE);
+        }
         live_.emplace(p, len);
         return Buffer(this, p, bytes);
     }
     void release(void* ptr) override {
-        const auto it = live_.find(ptr);
+        const auto it = live_.find(static_cast<char*>(ptr));
         if (it == live_.end()) return;
-        munmap(ptr, it->second);
+        free_.emplace(it->second, it->first);
         live_.erase(it);
     }
     void upload(void* dst, const void* host_src, size_t bytes) override {
@@ -122,15 +147,19 @@ class GuardedBackend final : public Backend {
     }
 
   private:
-    // Opens every live buffer for the duration of one call (calls may nest: load_matrix).
+    static constexpr size_t kHuge = size_t(2) << 20;
+    static constexpr size_t kReserve = size_t(64) << 30;  // address space only (NORESERVE)
+    static constexpr size_t kAlign = 256;                 // as a device allocator aligns
+
+    // Opens the region for the duration of one call (calls may nest: load_matrix).
     class Op {
       public:
         explicit Op(GuardedBackend& b) : b_(b) {
             ++b_.ops_;
-            if (b_.depth_++ == 0) b_.protect_all(PROT_READ | PROT_WRITE);
+            if (b_.depth_++ == 0) b_.protect(b_.base_, b_.used(), PROT_READ | PROT_WRITE);
         }
         ~Op() {
-            if (--b_.depth_ == 0) b_.protect_all(PROT_NONE);
+            if (--b_.depth_ == 0) b_.protect(b_.base_, b_.used(), PROT_NONE);
         }
         Op(const Op&) = delete;
         Op& operator=(const Op&) = delete;
@@ -139,23 +168,27 @@ class GuardedBackend final : public Backend {
         GuardedBackend& b_;
     };
 
-    static size_t round_up(size_t bytes) {
+    // Bytes of the region in use so far, rounded to whole pages.
+    size_t used() const {
         const size_t page = size_t(sysconf(_SC_PAGESIZE));
-        return (bytes + page - 1) / page * page;
+        return (size_t(top_ - base_) + page - 1) / page * page;
     }
-    int prot() const { return depth_ > 0 ? PROT_READ | PROT_WRITE : PROT_NONE; }
-    void protect_all(int prot) {
-        for (const auto& [p, bytes] : live_) {
-            if (mprotect(p, bytes, prot) != 0) {
-                std::fprintf(stderr, "guarded backend: mprotect failed: %s\n",
-                             std::strerror(errno));
-                std::abort();
-            }
+    static void protect(char* p, size_t bytes, int prot) {
+        const size_t page = size_t(sysconf(_SC_PAGESIZE));
+        char* start = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(p) / page * page);
+        const size_t len = (size_t(p + bytes - start) + page - 1) / page * page;
+        if (len > 0 && mprotect(start, len, prot) != 0) {
+            std::fprintf(stderr, "guarded backend: mprotect failed: %s\n", std::strerror(errno));
+            std::abort();
         }
     }
 
     std::unique_ptr<Backend> cpu_;
-    std::map<void*, size_t> live_;  // mapping start -> mapped length
+    char* map_ = nullptr;                // the reservation
+    char* base_ = nullptr;               // its 2 MiB aligned start
+    char* top_ = nullptr;                // end of the part handed out so far
+    std::map<char*, size_t> live_;       // buffer -> its length
+    std::multimap<size_t, char*> free_;  // released blocks by length
     int depth_ = 0;
     size_t ops_ = 0;
 };

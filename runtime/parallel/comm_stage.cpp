@@ -1,0 +1,60 @@
+// Collectives on backend memory, staged through the host where the communicator cannot read it
+// (see comm_stage.h).
+#include "runtime/parallel/comm_stage.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace infoflow {
+
+bool comm_reads_backend(const Communicator& comm, const Backend& be) {
+    // The CPU backend's memory is host memory; any other backend's is device memory.
+    const bool host_backend = be.name() == "cpu";
+    return host_backend == (comm.memory_space() == MemorySpace::host);
+}
+
+namespace {
+
+std::vector<char> download(Backend& be, const void* src, size_t bytes) {
+    std::vector<char> h(std::max<size_t>(bytes, 1));
+    if (bytes) be.download(h.data(), src, bytes);
+    return h;
+}
+
+size_t total(const std::vector<size_t>& v) {
+    return std::accumulate(v.begin(), v.end(), size_t(0));
+}
+
+}  // namespace
+
+void all_gather_backend(Communicator& comm, Backend& be, const void* send, size_t bytes_per_rank,
+                        void* recv) {
+    if (comm_reads_backend(comm, be)) return comm.all_gather(send, bytes_per_rank, recv);
+    const std::vector<char> s = download(be, send, bytes_per_rank);
+    std::vector<char> r(std::max<size_t>(bytes_per_rank * size_t(comm.size()), 1));
+    comm.all_gather(s.data(), bytes_per_rank, r.data());
+    be.upload(recv, r.data(), bytes_per_rank * size_t(comm.size()));
+}
+
+void all_gather_v_backend(Communicator& comm, Backend& be, const void* send, size_t send_bytes,
+                          void* recv, const std::vector<size_t>& recv_bytes) {
+    if (comm_reads_backend(comm, be)) return comm.all_gather_v(send, send_bytes, recv, recv_bytes);
+    const std::vector<char> s = download(be, send, send_bytes);
+    std::vector<char> r(std::max<size_t>(total(recv_bytes), 1));
+    comm.all_gather_v(s.data(), send_bytes, r.data(), recv_bytes);
+    be.upload(recv, r.data(), total(recv_bytes));
+}
+
+void all_to_all_v_backend(Communicator& comm, Backend& be, const void* send,
+                          const std::vector<size_t>& send_bytes, void* recv,
+                          const std::vector<size_t>& recv_bytes) {
+    if (comm_reads_backend(comm, be)) {
+        return comm.all_to_all_v(send, send_bytes, recv, recv_bytes);
+    }
+    const std::vector<char> s = download(be, send, total(send_bytes));
+    std::vector<char> r(std::max<size_t>(total(recv_bytes), 1));
+    comm.all_to_all_v(s.data(), send_bytes, r.data(), recv_bytes);
+    be.upload(recv, r.data(), total(recv_bytes));
+}
+
+}  // namespace infoflow
