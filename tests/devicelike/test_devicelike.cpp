@@ -136,3 +136,25 @@ TEST_CASE("device-like backend: SmolLM2 demo request, every method, equals the C
                    run_method(mc, req, cfg, tok.stop_ids()));
     }
 }
+
+TEST_CASE("device-like backend: generated random: models (weights made by the backend)",
+          "[devicelike]") {
+    install_guard_handler();
+    LoadOptions opt;
+    opt.generate_on_backend = true;
+    for (const char* shape : {"random:tiny", "random:tiny-qwen3"}) {
+        CAPTURE(shape);
+        const ModelWeights w = load_model_weights(shape, opt);
+        REQUIRE(w.generated);
+        std::unique_ptr<Backend> cpu = make_cpu_backend(2);
+        GuardedBackend g(2);
+        Model mc(*cpu, w), md(g, w);
+        const PreparedRequest req = random_request(7, w.config.n_vocab, 4, {20, 11, 16}, 7);
+        for (Config::Method m : {Config::Method::full, Config::Method::infoflow}) {
+            CAPTURE(to_string(m));
+            Config cfg = method_config(m);
+            cfg.scoring.layers = {1};  // the generated tiny shapes have 2 layers
+            check_same(run_method(md, req, cfg, kNoStop), run_method(mc, req, cfg, kNoStop));
+        }
+    }
+}
