@@ -57,4 +57,33 @@ void all_to_all_v_backend(Communicator& comm, Backend& be, const void* send,
     be.upload(recv, r.data(), total(recv_bytes));
 }
 
+BackendP2P::BackendP2P(Communicator& comm, Backend& be)
+    : comm_(comm), be_(be), direct_(comm_reads_backend(comm, be)) {}
+
+Request BackendP2P::isend(const void* buf, size_t bytes, int dest, int tag) {
+    if (direct_) return comm_.isend(buf, bytes, dest, tag);
+    auto s = std::make_unique<Staged>();
+    s->host = download(be_, buf, bytes);
+    const void* host = s->host.data();
+    staged_.push_back(std::move(s));
+    return comm_.isend(host, bytes, dest, tag);
+}
+
+Request BackendP2P::irecv(void* buf, size_t bytes, int src, int tag) {
+    if (direct_) return comm_.irecv(buf, bytes, src, tag);
+    auto s = std::make_unique<Staged>();
+    s->dst = buf;
+    s->host.resize(bytes);
+    void* host = s->host.data();
+    staged_.push_back(std::move(s));
+    return comm_.irecv(host, bytes, src, tag);
+}
+
+void BackendP2P::complete() {
+    for (const auto& s : staged_) {
+        if (s->dst && !s->host.empty()) be_.upload(s->dst, s->host.data(), s->host.size());
+    }
+    staged_.clear();
+}
+
 }  // namespace infoflow

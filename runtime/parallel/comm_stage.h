@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -24,5 +25,27 @@ void all_gather_v_backend(Communicator& comm, Backend& be, const void* send, siz
 void all_to_all_v_backend(Communicator& comm, Backend& be, const void* send,
                           const std::vector<size_t>& send_bytes, void* recv,
                           const std::vector<size_t>& recv_bytes);
+
+// Non-blocking point-to-point on backend memory. Where the communicator cannot read it, a send
+// goes from a host copy taken at isend and a receive lands in a host buffer that complete()
+// uploads into place; both host buffers live in this object.
+class BackendP2P {
+  public:
+    BackendP2P(Communicator& comm, Backend& be);
+    Request isend(const void* buf, size_t bytes, int dest, int tag);
+    Request irecv(void* buf, size_t bytes, int src, int tag);
+    // After every request it returned has completed: staged receives into place, buffers freed.
+    void complete();
+
+  private:
+    struct Staged {
+        void* dst = nullptr;  // backend memory of a receive; nullptr for a send
+        std::vector<char> host;
+    };
+    Communicator& comm_;
+    Backend& be_;
+    bool direct_;
+    std::vector<std::unique_ptr<Staged>> staged_;
+};
 
 }  // namespace infoflow
