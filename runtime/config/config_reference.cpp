@@ -47,6 +47,8 @@ const std::map<std::string, std::string>& descriptions() {
          "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
          "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
         {"model.backend", "compute backend; `cuda` is planned (the CPU backend runs everything)"},
+        {"model.check_finite",
+         "reject NaN/Inf in any loaded tensor of a model file, naming the tensor"},
         {"model.threads", "CPU threads per rank; `0` = all cores (the OpenMP default)"},
         {"model.dtype",
          "compute type of weights and activations; the CPU backend computes in fp32 (`bf16` / "
@@ -58,12 +60,16 @@ const std::map<std::string, std::string>& descriptions() {
          "line with a string `\"text\"` (or `\"context\"`), or a JSON string; `.txt` = documents "
          "separated by lines holding only `---`, each trimmed, empty ones skipped"},
         {"request.question", "the question"},
+        {"request.reference",
+         "expected answer: printed next to the model's answer with whether the answer contains it "
+         "(case-insensitive), and stored in the result JSON"},
         {"request.question_file", "the question from a text file instead (not both), trimmed"},
         {"request.template",
          "instruction template around the question (`longbench` is the paper's wording, `raw` "
          "adds nothing)"},
         {"request.chat_template",
-         "chat format; `auto` detects it from the model file's template and tokenizer"},
+         "chat format; `auto` detects it from the model file (ChatML or Llama-3; an error when it "
+         "is neither: set `raw` for no template)"},
         {"chunking.mode",
          "`passage`: one chunk per document; `fixed`: the concatenated context cut into chunks "
          "of `chunking.size` tokens"},
@@ -96,8 +102,14 @@ const std::map<std::string, std::string>& descriptions() {
          "`ratio`: the first ⌊ratio·\\|C\\|⌋ tokens of each chunk; `fixed`: the first `epic.k`"},
         {"epic.k", "tokens per chunk for `epic.mode = \"fixed\"`"},
         {"parallel.comm",
-         "communicator; `auto` = MPI when started by a launcher, else one rank; `nccl` is "
-         "planned"},
+         "communicator; `auto` = NCCL with the cuda backend (when built), else MPI when started "
+         "by a launcher, else one rank; `nccl` = device collectives over NCCL (MPI bootstraps it "
+         "and carries host buffers)"},
+        {"parallel.startup_timeout_s",
+         "the same deadline until the start-up checks (config and model identity) are done"},
+        {"parallel.timeout_s",
+         "deadline in seconds of every blocking collective or wait; a peer that does not arrive "
+         "ends the job naming the rank and phase"},
         {"parallel.exchange",
          "recompute exchange on P ranks: `kv` all-gathers the selected tokens' K/V; `exact` "
          "passes the queries (pass-Q) and reproduces the one-rank result"},
@@ -130,6 +142,8 @@ const std::map<std::string, std::string>& descriptions() {
         {"bench.methods", "methods, as in `method.name`"},
         {"bench.runs", "timed runs per row; the median is reported"},
         {"bench.warmup", "untimed runs before them"},
+        {"bench.spread_limit",
+         "flag a row (`!`) whose (max - min) / median over the timed runs exceeds this"},
         {"bench.threads", "CPU threads per rank for the benchmark; `0` = `model.threads`"},
         {"cache.path", "HDF5 KV-cache store (planned, docs/design.md §8)"},
         {"cache.build_from",
@@ -137,6 +151,9 @@ const std::map<std::string, std::string>& descriptions() {
          "`cache-build` job"},
         {"output.path", "results JSON (`--out` overrides it)"},
         {"output.csv", "table rows as CSV (`niah`, `bench-ttft`, `eval`)"},
+        {"output.name",
+         "file name (without extension) of the results written by `--results-dir`; empty = the "
+         "config file's name"},
     };
     return d;
 }

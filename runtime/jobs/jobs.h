@@ -23,6 +23,9 @@ nlohmann::json run_niah(const Config& cfg, Session& s);
 // job = "eval": LongBench-style QA F1 of method.name and `full` over eval.data_file; CSV as niah.
 nlohmann::json run_eval(const Config& cfg, Session& s);
 
+// True when `answer` contains the non-empty `reference`, ignoring case (request.reference).
+bool answer_matches(const std::string& answer, const std::string& reference);
+
 // The JSON form of one method run (DESIGN §9, job "answer").
 nlohmann::json method_result_json(const MethodResult& r, const Session& s, const Config& cfg,
                                   int ranks);

@@ -33,6 +33,7 @@ std::unique_ptr<Session> open_session(const Config& cfg, int local_rank) {
     // and generates random: weights itself (they never exist on the host).
     s->backend = make_backend(to_string(cfg.model.backend), cfg.model.threads, local_rank);
     LoadOptions opt;
+    opt.check_finite = cfg.model.check_finite;
     opt.generate_on_backend = cfg.model.backend != Config::Backend::cpu;
     s->weights = std::make_unique<ModelWeights>(load_model_weights(path, opt));
     if (path.rfind("random:", 0) != 0) {

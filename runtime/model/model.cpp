@@ -7,19 +7,6 @@
 
 namespace infoflow {
 
-std::vector<SlotRun> slot_runs(const int32_t* slots, int n) {
-    std::vector<SlotRun> runs;
-    for (int i = 0; i < n; ++i) {
-        if (!runs.empty() && runs.back().slot + runs.back().n == slots[i] &&
-            runs.back().row + runs.back().n == i) {
-            ++runs.back().n;
-        } else {
-            runs.push_back({i, slots[i], 1});
-        }
-    }
-    return runs;
-}
-
 Model::Model(Backend& backend, const ModelWeights& weights) : backend_(backend), weights_(weights) {
     weights_.validate();
     host_weights_ = backend_.name() == "cpu" && !weights_.generated;
@@ -175,21 +162,11 @@ void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const
     if (n == 0) return;
     const ModelConfig& c = config();
     ensure_scratch(n);
-    const int kd = c.n_head_kv * c.head_dim;
     layer_qkv(l, hidden, n, pos, s_.q.data(), s_.k.data(), s_.v.data());
     // New K/V go into the cache before attention (DESIGN §3.5).
-    float* ck = cache.k(l);
-    float* cv = cache.v(l);
-    for (int i = 0; i < n; ++i) {
-        IF_CHECK(slots[i] >= 0 && slots[i] < cache.size(),
-                 "cache slot " << slots[i] << " outside [0, " << cache.size() << ")");
-    }
-    for (const SlotRun& r : slot_runs(slots, n)) {
-        const size_t off = size_t(r.slot) * kd, src = size_t(r.row) * kd;
-        const size_t bytes = size_t(r.n) * kd * sizeof(float);
-        backend_.copy(ck + off, s_.k.data() + src, bytes);
-        backend_.copy(cv + off, s_.v.data() + src, bytes);
-    }
+    cache.write_rows(l, slots, s_.k.data(), s_.v.data(), n);
+    const float* ck = cache.k(l);
+    const float* cv = cache.v(l);
 
     AttnParams ap;
     ap.q = s_.q.data();

@@ -25,15 +25,6 @@ class LayerTap {
                               const int32_t* group /*[n] or nullptr*/, const KvCache& cache) = 0;
 };
 
-// Consecutive rows that go to consecutive cache slots: rows [row, row + n) -> slots
-// [slot, slot + n), so writing new K/V into the cache takes one copy per run.
-struct SlotRun {
-    int row = 0;
-    int slot = 0;
-    int n = 0;
-};
-std::vector<SlotRun> slot_runs(const int32_t* slots /*[n]*/, int n);
-
 class Model {
   public:
     // Keeps a reference to `weights`. The CPU backend reads host weights in place; any other

@@ -22,6 +22,9 @@ struct LoadOptions {
     // random: models only: return the config and seed without tensor data
     // (make_generated_weights); the backend generates each tensor where it is used.
     bool generate_on_backend = false;
+    // Reject NaN/Inf in any loaded tensor of a file, naming the file, the tensor and the first
+    // bad element (DESIGN §11; config model.check_finite). Synthetic models are always finite.
+    bool check_finite = true;
 };
 
 // The config alone (cheap: reads metadata, config.json and tensor headers, no weight data).
@@ -72,6 +75,10 @@ std::vector<WeightTensor> weight_tensors(const ModelWeights& w);
 // hf_to_gguf is the converter's permutation (§4.1); gguf_to_hf its exact inverse (§4.2).
 void permute_qk_rows_hf_to_gguf(float* rows, int n_head, int head_dim, int64_t row_len);
 void unpermute_qk_rows_gguf_to_hf(float* rows, int n_head, int head_dim, int64_t row_len);
+
+// Throws infoflow::Error naming `w.source`, the tensor and the element index of the first NaN or
+// Inf in any weight tensor.
+void check_weights_finite(const ModelWeights& w);
 
 // Stable 64-bit hash (16 hex digits) of the config's numeric fields and every weight byte; the
 // same fp32 weights and config give the same fingerprint whatever file they came from.
