@@ -114,12 +114,12 @@ TEST_CASE("device-like backend: sequence-parallel pipeline on one rank equals th
     }
 }
 
-TEST_CASE("device-like backend: SmolLM2 demo request, every method, equals the CPU backend",
+TEST_CASE("device-like backend: SmolLM2 demo request, infoflow, equals the CPU backend",
           "[devicelike]") {
     install_guard_handler();
     const std::string path = INFOFLOW_MODEL_PATH;
     Config base = load_config(std::string(INFOFLOW_SOURCE_DIR) + "/configs/demo.toml",
-                              {"decode.max_new_tokens=3", "model.path=\"" + path + "\""});
+                              {"decode.max_new_tokens=2", "model.path=\"" + path + "\""});
     const ModelWeights w = load_model_weights(path);
     GgufFile gguf(path);
     const Tokenizer tok = Tokenizer::from_gguf(gguf);
@@ -128,13 +128,11 @@ TEST_CASE("device-like backend: SmolLM2 demo request, every method, equals the C
     std::unique_ptr<Backend> cpu = make_cpu_backend(2);
     GuardedBackend g(2);
     Model mc(*cpu, w), md(g, w);
-    for (Config::Method m : kMethods) {
-        Config cfg = base;
-        cfg.method.name = m;
-        CAPTURE(to_string(m));
-        check_same(run_method(md, req, cfg, tok.stop_ids()),
-                   run_method(mc, req, cfg, tok.stop_ids()));
-    }
+    // InfoFlow alone (chunk prefill, scoring, selection, recompute, decode): every op the other
+    // methods use, at a cost CI affords (the tiny-model cases above run every method).
+    Config cfg = base;
+    cfg.method.name = Config::Method::infoflow;
+    check_same(run_method(md, req, cfg, tok.stop_ids()), run_method(mc, req, cfg, tok.stop_ids()));
 }
 
 TEST_CASE("device-like backend: generated random: models (weights made by the backend)",
