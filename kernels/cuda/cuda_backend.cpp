@@ -3,16 +3,29 @@
 // and every accumulation fp32. Host index arrays are staged into device scratch per op, through
 // a small ring of pinned buffers so the host never waits for the device to stage (DESIGN §5,
 // kernels/backend.h).
+//
+// Attention: every call FlashInfer computes exactly (attn_dispatch.h: dense causal, decode,
+// custom mask) goes to FlashInfer's kernels, with q, k and v cast to bf16 into scratch first
+// (the KV cache stays fp32: the method code reads and copies it as fp32 rows in many places);
+// the rest goes to the backend's own fp32 kernel (attention.cu), which is also the oracle the
+// GPU tests compare FlashInfer against. The environment variable INFOFLOW_CUDA_ATTENTION, read
+// when the backend is made, chooses: "auto" (default, as above), "own" (the own kernel for
+// every call) or "flashinfer" (FlashInfer where attn_dispatch allows it, an error naming the
+// reason where it does not: for tests and benchmarks that must measure FlashInfer).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/attn_dispatch.h"
+#include "kernels/cuda/attn_mask.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/flashinfer_attention.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/device_plan.h"
 #include "runtime/core/half.h"
@@ -65,9 +78,25 @@ class PinnedRing {
     int next_ = 0;
 };
 
+// Which attention kernels the backend may use (INFOFLOW_CUDA_ATTENTION).
+enum class AttnMode { kAuto, kOwn, kFlashInfer };
+
+AttnMode attn_mode_from_env() {
+    const char* v = std::getenv("INFOFLOW_CUDA_ATTENTION");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return AttnMode::kAuto;
+    if (std::strcmp(v, "own") == 0) return AttnMode::kOwn;
+    if (std::strcmp(v, "flashinfer") == 0) {
+        IF_CHECK(flashinfer_built(),
+                 "INFOFLOW_CUDA_ATTENTION=flashinfer but FlashInfer attention was not built into "
+                 "this binary (run launch/setup.sh, then configure again)");
+        return AttnMode::kFlashInfer;
+    }
+    IF_FAIL("INFOFLOW_CUDA_ATTENTION='" << v << "' is not one of auto, own, flashinfer");
+}
+
 class CudaBackend final : public Backend {
   public:
-    CudaBackend(int n_threads, int local_rank) {
+    CudaBackend(int n_threads, int local_rank) : attn_mode_(attn_mode_from_env()) {
         // Device selection comes before any other CUDA call (FORMATS §9.2 of the design notes).
         int count = 0;
         const cudaError_t err = cudaGetDeviceCount(&count);
@@ -90,7 +119,7 @@ class CudaBackend final : public Backend {
     ~CudaBackend() override {
         // Destructors must not throw: report and carry on.
         report(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-        for (void* p : {static_cast<void*>(x_bf16_), static_cast<void*>(idx_dev_)}) {
+        for (void* p : {static_cast<void*>(x_bf16_), static_cast<void*>(idx_dev_), attn_scratch_}) {
             if (p) report(cudaFree(p), "cudaFree");
         }
         if (blas_) cublasDestroy(blas_);
@@ -219,6 +248,30 @@ class CudaBackend final : public Backend {
     void attention(const AttnParams& p) override {
         const AttnShape s = check_attention_args(p, cuda::kMaxHeadDim);
         if (p.n_q == 0) return;
+        if (attn_mode_ != AttnMode::kOwn) {
+            AttnDispatchInput in;
+            in.q_pos = p.q_pos;
+            in.k_pos = p.k_pos;
+            in.q_group = p.q_group;
+            in.k_group = p.k_group;
+            in.n_q = p.n_q;
+            in.n_kv = p.n_kv;
+            in.n_head = p.n_head;
+            in.n_head_kv = p.n_head_kv;
+            in.head_dim = p.head_dim;
+            in.flashinfer_built = flashinfer_built();
+            const AttnDispatch d = attn_dispatch(in);
+            if (d.kernel != AttnKernel::kOwn) {
+                flash_attention(p, s, d);
+                return;
+            }
+            // No key at all is no attention to measure: the own kernel writes the empty state.
+            IF_CHECK(attn_mode_ != AttnMode::kFlashInfer || p.n_kv == 0,
+                     "attention on cuda with INFOFLOW_CUDA_ATTENTION=flashinfer: FlashInfer "
+                     "cannot compute this call ("
+                         << d.reason << "; n_q=" << p.n_q << " n_kv=" << p.n_kv << " heads "
+                         << p.n_head << "/" << p.n_head_kv << " head_dim " << p.head_dim << ")");
+        }
         const std::vector<const int32_t*> dev =
             stage({{p.q_pos, size_t(p.n_q)},
                    {p.n_kv ? p.k_pos : nullptr, size_t(p.n_kv)},
@@ -285,6 +338,84 @@ class CudaBackend final : public Backend {
     }
 
   private:
+    // FlashInfer attention (attn_dispatch chose `d`): q packed and the k/v rows of the cache
+    // slice cast to bf16 into one scratch block (each part 256-byte aligned), then, for a custom
+    // mask, the mask built on the device from the staged positions and groups, and the split-KV
+    // workspace where FlashInfer wants one. All in stream order, nothing waits.
+    void flash_attention(const AttnParams& p, const AttnShape& s, const AttnDispatch& d) {
+        const int row = p.n_head_kv * p.head_dim;  // packed bf16 k/v row (a multiple of 8)
+        const auto up256 = [](size_t b) { return (b + 255) / 256 * 256; };
+        const size_t q_bytes = up256(size_t(p.n_q) * p.n_head * p.head_dim * sizeof(uint16_t));
+        const size_t kv_bytes = up256(size_t(p.n_kv) * row * sizeof(uint16_t));
+        const size_t mask_bytes =
+            d.kernel == AttnKernel::kFlashMasked ? up256(attn_mask_bytes(p.n_q, p.n_kv)) : 0;
+        const size_t ws_bytes =
+            flashinfer_workspace_bytes(p.n_q, p.n_kv, p.n_head, p.n_head_kv, p.head_dim);
+        const size_t total = q_bytes + 2 * kv_bytes + mask_bytes + up256(ws_bytes);
+        // Staging goes first: stage() may wait for the stream, grow() below as well.
+        std::vector<const int32_t*> idx;
+        if (d.kernel == AttnKernel::kFlashMasked) {
+            idx = stage({{p.q_pos, size_t(p.n_q)},
+                         {p.k_pos, size_t(p.n_kv)},
+                         {p.q_group, size_t(p.n_q)},
+                         {p.k_group, size_t(p.n_kv)}});
+        }
+        grow(&attn_scratch_, &attn_scratch_cap_, total, stream_);
+        char* base = static_cast<char*>(attn_scratch_);
+        uint16_t* qb = reinterpret_cast<uint16_t*>(base);
+        uint16_t* kb = reinterpret_cast<uint16_t*>(base + q_bytes);
+        uint16_t* vb = reinterpret_cast<uint16_t*>(base + q_bytes + kv_bytes);
+        uint8_t* mask = reinterpret_cast<uint8_t*>(base + q_bytes + 2 * kv_bytes);
+        void* ws = base + q_bytes + 2 * kv_bytes + mask_bytes;
+
+        cuda::CastBf16Params cq;
+        cq.x = p.q;
+        cq.out = qb;
+        cq.n = size_t(p.n_q) * p.n_head * p.head_dim;
+        cuda::launch_cast_bf16(cq, stream_);
+        cuda::CastRowsBf16Params ck;
+        ck.x_stride = size_t(s.stride);
+        ck.rows = size_t(p.n_kv);
+        ck.cols = size_t(row);
+        ck.x = p.k;
+        ck.out = kb;
+        cuda::launch_cast_rows_bf16(ck, stream_);
+        ck.x = p.v;
+        ck.out = vb;
+        cuda::launch_cast_rows_bf16(ck, stream_);
+
+        FlashAttnParams f;
+        f.q = qb;
+        f.k = kb;
+        f.v = vb;
+        f.n_q = p.n_q;
+        f.n_kv = p.n_kv;
+        f.n_head = p.n_head;
+        f.n_head_kv = p.n_head_kv;
+        f.head_dim = p.head_dim;
+        f.kv_stride = row;
+        f.scale = s.scale;
+        f.out = p.out;
+        f.lse = p.lse;
+        f.workspace = ws_bytes ? ws : nullptr;
+        f.workspace_bytes = ws_bytes;
+        if (d.kernel == AttnKernel::kFlashMasked) {
+            MaskSpec m;
+            m.q_pos = idx[0];
+            m.k_pos = idx[1];
+            // The mask rule reads query groups only together with key groups.
+            m.q_group = idx[3] ? idx[2] : nullptr;
+            m.k_group = idx[3];
+            m.n_q = p.n_q;
+            m.n_kv = p.n_kv;
+            launch_attn_mask_build(m, mask, stream_);
+            f.mask = mask;
+            launch_flashinfer_masked(f, stream_);
+        } else {
+            launch_flashinfer_prefill(f, stream_);
+        }
+    }
+
     static void report(cudaError_t err, const char* what) {
         if (err != cudaSuccess) {
             std::fprintf(stderr, "warning: %s failed: %s\n", what, cudaGetErrorString(err));
@@ -344,6 +475,9 @@ class CudaBackend final : public Backend {
     size_t x_bf16_cap_ = 0;
     int32_t* idx_dev_ = nullptr;
     size_t idx_cap_ = 0;
+    AttnMode attn_mode_ = AttnMode::kAuto;
+    void* attn_scratch_ = nullptr;  // flash_attention: bf16 q/k/v, mask, split-KV workspace
+    size_t attn_scratch_cap_ = 0;
     PinnedRing pinned_;
 };
 

@@ -36,6 +36,15 @@ __global__ void cast_bf16_kernel(const float* x, uint16_t* out, size_t n) {
     }
 }
 
+__global__ void cast_rows_bf16_kernel(const float* x, size_t x_stride, uint16_t* out, size_t rows,
+                                      size_t cols) {
+    const size_t n = rows * cols;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+         i += size_t(gridDim.x) * blockDim.x) {
+        out[i] = to_bf16_bits(x[(i / cols) * x_stride + i % cols]);
+    }
+}
+
 __global__ void fill_random_bf16_kernel(uint16_t* out, size_t n, uint64_t key, float scale) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
          i += size_t(gridDim.x) * blockDim.x) {
@@ -146,6 +155,15 @@ void launch_cast_bf16(const CastBf16Params& p, void* stream) {
     if (p.n == 0) return;
     cast_bf16_kernel<<<grid_for(p.n), kThreads, 0, as_stream(stream)>>>(p.x, p.out, p.n);
     IF_CUDA_LAUNCH_CHECK("cast_bf16");
+}
+
+void launch_cast_rows_bf16(const CastRowsBf16Params& p, void* stream) {
+    if (p.rows == 0 || p.cols == 0) return;
+    IF_CHECK(p.x_stride >= p.cols,
+             "cast_rows_bf16: row stride " << p.x_stride << " < " << p.cols << " columns");
+    cast_rows_bf16_kernel<<<grid_for(p.rows * p.cols), kThreads, 0, as_stream(stream)>>>(
+        p.x, p.x_stride, p.out, p.rows, p.cols);
+    IF_CUDA_LAUNCH_CHECK("cast_rows_bf16");
 }
 
 void launch_fill_random_bf16(const FillRandomParams& p, void* stream) {

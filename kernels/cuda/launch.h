@@ -19,6 +19,17 @@ struct CastBf16Params {
 };
 void launch_cast_bf16(const CastBf16Params& p, void* stream);
 
+// out[r, c] = bf16(x[r * x_stride + c]) for c < cols: strided rows (a KV cache slice) cast into
+// a packed bf16 block, round to nearest even.
+struct CastRowsBf16Params {
+    const float* x = nullptr;  // [rows, x_stride]
+    size_t x_stride = 0;       // floats between rows of x, >= cols
+    uint16_t* out = nullptr;   // [rows, cols]
+    size_t rows = 0;
+    size_t cols = 0;
+};
+void launch_cast_rows_bf16(const CastRowsBf16Params& p, void* stream);
+
 // out[i] = bf16(random_weight(key, i, scale)) (kernels/random_init.h).
 struct FillRandomParams {
     uint16_t* out = nullptr;  // [n]

@@ -127,7 +127,7 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
     std::printf("eval       : %s, %zu samples, task '%s', metric qa_f1\n",
                 cfg.eval.data_file.c_str(), samples.size(), cfg.eval.task.c_str());
     std::printf("model      : %s (%s, %d threads), ratio %.3f\n", s.weights->source.c_str(),
-                s.backend->name().c_str(), cfg.model.threads, cfg.method.ratio);
+                s.backend->device().c_str(), cfg.model.threads, cfg.method.ratio);
     std::printf("variants   :");
     for (const auto& v : variants) std::printf(" %s", v.label.c_str());
     std::printf("  (reference: full)\n");

@@ -110,7 +110,7 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
     const std::vector<MethodVariant> variants = niah_variants(cfg);
     const int n_cases = int(nc.lengths.size() * nc.depths.size() * variants.size());
     std::printf("niah       : %s (%s, %d threads), ratio %.3f, filler %s\n",
-                s.weights->source.c_str(), s.backend->name().c_str(), cfg.model.threads,
+                s.weights->source.c_str(), s.backend->device().c_str(), cfg.model.threads,
                 cfg.method.ratio, filler_name.c_str());
     std::printf("cases      : %zu lengths x %zu depths x %zu variants =", nc.lengths.size(),
                 nc.depths.size(), variants.size());

@@ -31,6 +31,7 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
         comm,
         s->weights->fingerprint + (s->tokenizer ? "-" + hex64(s->tokenizer->fingerprint()) : ""),
         s->weights->source);
+    s->devices = gather_devices(comm, *s->backend);
     nlohmann::json result;
     switch (cfg.job) {
         case Config::Job::answer:
@@ -52,6 +53,7 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     if (comm.rank() == 0 && result.is_object()) {
         add_provenance(result, cfg, comm.size(), start_time);
     }
+    if (comm.rank() == 0 && result.is_object()) result["devices"] = s->devices;  // by rank
     if (!cfg.output.path.empty() && comm.rank() == 0) {
         write_file_atomic(cfg.output.path, result.dump(2) + "\n");
         std::printf("results    : %s\n", cfg.output.path.c_str());

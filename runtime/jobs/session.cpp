@@ -2,8 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 
+#include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/formats/gguf.h"
 #include "runtime/model/model_loader.h"
@@ -48,6 +51,34 @@ std::unique_ptr<Session> open_session(const Config& cfg, int local_rank) {
     s->model = std::make_unique<Model>(*s->backend, *s->weights);
     s->load_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return s;
+}
+
+std::vector<std::string> gather_devices(Communicator& comm, const Backend& backend) {
+    // Fixed-size records: a device name is short; longer ones are cut.
+    constexpr size_t kRecord = 128;
+    char mine[kRecord] = {};
+    const std::string d = backend.device();
+    std::memcpy(mine, d.data(), std::min(d.size(), kRecord - 1));
+    std::vector<char> all(kRecord * size_t(comm.size()));
+    {
+        PhaseScope scope(comm, "placement");
+        comm.all_gather(mine, kRecord, all.data());
+    }
+    std::vector<std::string> out;
+    for (int r = 0; r < comm.size(); ++r) out.emplace_back(all.data() + size_t(r) * kRecord);
+    return out;
+}
+
+std::string devices_summary(const std::vector<std::string>& devices) {
+    if (devices.empty()) return "?";
+    bool same = true;
+    for (const std::string& d : devices) same = same && d == devices[0];
+    if (same) return devices[0];
+    std::string s;
+    for (size_t r = 0; r < devices.size(); ++r) {
+        s += (r ? ", rank " : "rank ") + std::to_string(r) + ": " + devices[r];
+    }
     return s;
 }
 

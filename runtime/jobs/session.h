@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "runtime/config/config.h"
@@ -24,6 +25,8 @@ struct Session {
     std::unique_ptr<ChatTemplate> chat;    // null for random: models
     double load_ms = 0.0;
     Communicator* comm = nullptr;  // the job's ranks (a single-process communicator on one rank)
+    // Backend::device() of every rank, by rank (gather_devices); summaries and result JSON.
+    std::vector<std::string> devices;
 
     const Tokenizer& tok() const;  // errors when the model has no tokenizer
     const ChatTemplate& chat_template() const;
@@ -32,5 +35,11 @@ struct Session {
 // `local_rank`: the node-local rank (Communicator::local_rank()); a device backend uses device
 // local_rank % (visible devices).
 std::unique_ptr<Session> open_session(const Config& cfg, int local_rank = 0);
+
+// Backend::device() of every rank of `comm`, by rank (collective; its bytes are counted under
+// the phase "placement", outside every method phase).
+std::vector<std::string> gather_devices(Communicator& comm, const Backend& backend);
+// "cuda:0 NVIDIA H200 (...)" when all ranks name one device, else "rank 0: ..., rank 1: ...".
+std::string devices_summary(const std::vector<std::string>& devices);
 
 }  // namespace infoflow

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "runtime/core/error.h"
+#include "runtime/parallel/comm_stage.h"
 
 namespace infoflow {
 
@@ -17,7 +18,7 @@ void merge_partials_allgather(Communicator& comm, Backend& be, float* out, float
     Buffer recv = be.alloc_floats(std::max<size_t>(1, per * P));
     be.copy(send.data(), out, out_bytes);
     be.copy(send.data() + size_t(n_states) * head_dim, lse, sizeof(float) * n_states);
-    comm.all_gather(send.data(), per * sizeof(float), recv.data());
+    all_gather_backend(comm, be, send.data(), per * sizeof(float), recv.data());
     // Start from rank 0's state and merge the others in rank order.
     be.copy(out, recv.data(), out_bytes);
     be.copy(lse, recv.data() + size_t(n_states) * head_dim, sizeof(float) * n_states);
@@ -50,7 +51,7 @@ void pass_q_attention(Communicator& comm, Backend& be, AttnParams local, const f
     // Queries in the backend's memory; positions stay on the host, as the cache's do.
     Buffer q_all = be.alloc_floats(std::max<size_t>(1, size_t(n_all) * qrow));
     std::vector<int32_t> pos_all(std::max(1, n_all));
-    comm.all_gather_v(q_own, q_bytes[comm.rank()], q_all.data(), q_bytes);
+    all_gather_v_backend(comm, be, q_own, q_bytes[comm.rank()], q_all.data(), q_bytes);
     comm.all_gather_v(pos_own, pos_bytes[comm.rank()], pos_all.data(), pos_bytes);
 
     // Partial attention of every query over this rank's keys.
@@ -87,7 +88,7 @@ void pass_q_attention(Communicator& comm, Backend& be, AttnParams local, const f
         recv_bytes[r] = size_t(n_own) * state * sizeof(float);
     }
     Buffer recv = be.alloc_floats(std::max<size_t>(1, size_t(n_own) * state * P));
-    comm.all_to_all_v(send.data(), send_bytes, recv.data(), recv_bytes);
+    all_to_all_v_backend(comm, be, send.data(), send_bytes, recv.data(), recv_bytes);
     const size_t blk = size_t(n_own) * state;
     if (n_own == 0) return;
     be.copy(out_own, recv.data(), size_t(n_own) * qrow * sizeof(float));

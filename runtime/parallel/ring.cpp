@@ -7,6 +7,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/method/phases.h"
+#include "runtime/parallel/comm_stage.h"
 #include "runtime/parallel/phase_clock.h"
 #include "runtime/parallel/sp_pipeline.h"
 
@@ -66,7 +67,8 @@ void attend_allgather(Model& model, Communicator& comm, AttnParams& ap, RingRows
     const int P = comm.size(), row = c.n_head_kv * c.head_dim;
     std::vector<size_t> bytes(P);
     for (int p = 0; p < P; ++p) bytes[p] = w.shards[p].size() * 2 * row * sizeof(float);
-    comm.all_gather_v(w.buf[0].data(), bytes[comm.rank()], w.all_kv.data(), bytes);
+    all_gather_v_backend(comm, model.backend(), w.buf[0].data(), bytes[comm.rank()],
+                         w.all_kv.data(), bytes);
     const float* block = w.all_kv.data();
     bool first = true;
     for (int p = 0; p < P; ++p) {
@@ -85,6 +87,7 @@ void attend_allgather(Model& model, Communicator& comm, AttnParams& ap, RingRows
 void attend_ring(Model& model, Communicator& comm, AttnParams& ap, RingRows& w, int l) {
     const ModelConfig& c = model.config();
     const int P = comm.size(), rank = comm.rank(), row = c.n_head_kv * c.head_dim;
+    BackendP2P p2p(comm, model.backend());
     int cur = 0;
     for (int s = 0; s < P; ++s) {
         const int src = (rank - s + P) % P;  // owner of the block in buf[cur]
@@ -93,8 +96,8 @@ void attend_ring(Model& model, Communicator& comm, AttnParams& ap, RingRows& w, 
         if (s < P - 1) {
             const int next_src = (rank - s - 1 + P) % P;
             const size_t in_bytes = w.shards[next_src].size() * 2 * row * sizeof(float);
-            recv = comm.irecv(w.buf[1 - cur].data(), in_bytes, (rank - 1 + P) % P, l);
-            send = comm.isend(w.buf[cur].data(), np * 2 * row * sizeof(float), (rank + 1) % P, l);
+            recv = p2p.irecv(w.buf[1 - cur].data(), in_bytes, (rank - 1 + P) % P, l);
+            send = p2p.isend(w.buf[cur].data(), np * 2 * row * sizeof(float), (rank + 1) % P, l);
         }
         if (np > 0 && w.n > 0) {
             const float* k = w.buf[cur].data();
@@ -103,6 +106,7 @@ void attend_ring(Model& model, Communicator& comm, AttnParams& ap, RingRows& w, 
         }
         send.wait();
         recv.wait();
+        p2p.complete();
         cur = 1 - cur;
     }
 }

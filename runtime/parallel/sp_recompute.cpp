@@ -5,6 +5,7 @@
 // merges the partial attention of every rank's keys.
 #include <algorithm>
 
+#include "runtime/parallel/comm_stage.h"
 #include "runtime/parallel/dist_attention.h"
 #include "runtime/parallel/sp_phases.h"
 
@@ -101,7 +102,7 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
             model.layer_qkv(l, o.h.data(), o.n, o.pos.data(), o.q.data(), o.k(), o.v(row));
             cache.write_rows(l, o.slot.data(), o.k(), o.v(row), o.n);
         }
-        comm.all_gather_v(o.kv.data(), bytes[sh.rank], gathered.data(), bytes);
+        all_gather_v_backend(comm, be, o.kv.data(), bytes[sh.rank], gathered.data(), bytes);
         // Other ranks' blocks of `gathered` ([k rows | v rows] per rank) into their slots.
         int fslot = foreign_first;
         const float* block = gathered.data();

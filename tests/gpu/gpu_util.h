@@ -6,8 +6,10 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -23,6 +25,31 @@ struct Pair {
     std::unique_ptr<Backend> cpu = make_cpu_backend(2);
     std::unique_ptr<Backend> gpu = make_backend("cuda", 1);
 };
+
+// A CUDA backend made with INFOFLOW_CUDA_ATTENTION = mode ("auto", "own", "flashinfer"; read
+// once, when the backend is made); the variable's previous value is restored.
+inline std::unique_ptr<Backend> cuda_with(const char* mode) {
+    const char* old = std::getenv("INFOFLOW_CUDA_ATTENTION");
+    const bool had = old != nullptr;
+    const std::string saved = had ? old : "";
+    const auto restore = [&] {
+        if (had) {
+            setenv("INFOFLOW_CUDA_ATTENTION", saved.c_str(), 1);
+        } else {
+            unsetenv("INFOFLOW_CUDA_ATTENTION");
+        }
+    };
+    setenv("INFOFLOW_CUDA_ATTENTION", mode, 1);
+    std::unique_ptr<Backend> b;
+    try {
+        b = make_backend("cuda", 1);
+    } catch (...) {
+        restore();
+        throw;
+    }
+    restore();
+    return b;
+}
 
 inline Buffer to_backend(Backend& be, const std::vector<float>& h) {
     Buffer b = be.alloc_floats(std::max<size_t>(h.size(), 1));

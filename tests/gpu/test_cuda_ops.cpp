@@ -269,7 +269,9 @@ TEST_CASE("cuda ops: lse_merge, random and edge cases", "[gpu_ops]") {
 }
 
 TEST_CASE("cuda ops: attention under the full visibility rule", "[gpu_ops]") {
+    // The backend's own fp32 kernel, the GPU oracle (FlashInfer against it: test_cuda_attn_paths).
     Pair b;
+    b.gpu = cuda_with("own");
     // n_q, n_kv, heads, kv heads, head_dim, stride pad, groups, sorted keys, scale, seed.
     const std::vector<AttnCase> cases = {
         {1, 1, 1, 1, 16, 0, false, true, 0.0f, 11},
