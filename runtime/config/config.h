@@ -5,7 +5,7 @@
 // (`to_json`, every key) and a hash of it, compared across ranks at start-up (DESIGN §11).
 //
 // Relative paths (model.path, request.documents_file, request.question_file, niah.filler_file,
-// eval.data_file, cache.path, cache.build_from, output.path, output.csv) are kept as written and
+// eval.data_file, store.path, output.path, output.csv) are kept as written and
 // resolved against the current working directory of the process — the directory `mpirun` /
 // `srun` / the user launches from, usually the repository root — never against the config
 // file's directory. So `--set` paths, file paths and `--out` behave alike, and the effective
@@ -43,6 +43,8 @@ struct Config {
     enum class Exchange { kv, exact };
     enum class RingLayout { zigzag, contiguous };
     enum class RingExchange { p2p, allgather };
+    enum class StoreMode { read, read_write };
+    enum class StoreDType { f16, bf16, f32 };
 
     static constexpr int k_default_chunk_size = 2048;
 
@@ -128,9 +130,13 @@ struct Config {
         int warmup = 1;   // >= 0
         int threads = 0;  // CPU threads per rank for the benchmark; 0 = model.threads
     };
-    struct CacheSection {
-        std::string path;        // HDF5 KV store
-        std::string build_from;  // documents file for job "cache-build"
+    // The document KV store (DESIGN §8; layout in docs/store.md). Replaces the former [cache]
+    // section (cache.path, cache.build_from), which is no longer accepted.
+    struct StoreSection {
+        std::string path;  // HDF5 index file; empty = no store
+        StoreMode mode = StoreMode::read;
+        StoreDType dtype = StoreDType::f16;
+        int compression = 0;  // 0 = none, 1..9 = shuffle + deflate level
     };
     struct OutputSection {
         std::string path;  // results JSON (also --out)
@@ -151,7 +157,7 @@ struct Config {
     NiahSection niah;
     EvalSection eval;
     BenchSection bench;
-    CacheSection cache;
+    StoreSection store;
     OutputSection output;
 
     // Effective config, every key, as {"job": ..., "model": {...}, ...}; unset optionals are
@@ -185,6 +191,8 @@ const char* to_string(Config::Comm v);
 const char* to_string(Config::Exchange v);
 const char* to_string(Config::RingLayout v);
 const char* to_string(Config::RingExchange v);
+const char* to_string(Config::StoreMode v);
+const char* to_string(Config::StoreDType v);
 
 // Loads a TOML config file, then applies `sets` ("section.key=value", in order), then validates
 // across keys. Errors (infoflow::Error):
@@ -216,6 +224,8 @@ std::vector<int> resolve_scoring_layers(const std::vector<int>& layers, int n_la
 //   .jsonl  one document per non-empty line, a JSON object with a string "text" (or "context")
 //   .txt    documents separated by lines containing only "---"; each document is trimmed of
 //           surrounding blank lines / whitespace; empty documents are skipped
+//   DIR/    (a path ending in '/') a folder: every *.txt file in it, by name, is one document
+//           (trimmed; empty files skipped)
 // Errors name the file (and line for .jsonl).
 struct RequestText {
     std::string system;

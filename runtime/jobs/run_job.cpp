@@ -26,6 +26,9 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
         case Config::Job::bench_ttft:
             result = run_bench_ttft(cfg, *s);
             break;
+        case Config::Job::cache_build:
+            result = run_cache_build(cfg, *s);
+            break;
         default:
             IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not available in this build");
     }

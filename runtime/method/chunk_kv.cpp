@@ -58,46 +58,68 @@ std::vector<ChunkKv> prefill_chunks(Model& model, const std::vector<std::vector<
             i = j;
             continue;
         }
-        std::vector<int32_t> seq, pos, group;
+        // One batch: the projections and the MLP run over every row at once (row-independent
+        // GEMMs), attention runs per chunk over that chunk's own keys, with the same arguments
+        // as prefill_chunk gives it. So the result does not depend on which chunks share a batch:
+        // it equals prefill_chunk bit for bit, and a chunk loaded from the KV store (prefilled
+        // alone) equals one prefilled here.
+        std::vector<int32_t> seq, pos;
+        std::vector<int> begin, len;
         for (size_t k = i; k < j; ++k) {
+            begin.push_back(int(seq.size()));
             if (lead) {
                 seq.push_back(sink_id);
                 pos.push_back(0);
-                group.push_back(int32_t(k - i));
             }
             for (size_t t = 0; t < chunks[k].size(); ++t) {
                 seq.push_back(chunks[k][t]);
                 pos.push_back(int32_t(lead + t));
-                group.push_back(int32_t(k - i));
             }
+            len.push_back(int(seq.size()) - begin.back());
         }
         const int n = int(seq.size());
-        KvCache cache = model.make_cache(n);
-        const int first = cache.append(n, pos.data(), group.data());
-        std::vector<int32_t> slots(n);
-        for (int t = 0; t < n; ++t) slots[t] = first + t;
+        const size_t row = size_t(c.n_head_kv) * c.head_dim;
+        const size_t qrow = size_t(c.n_head) * c.head_dim;
         Buffer hidden = be.alloc_floats(size_t(n) * c.n_embd);
+        Buffer q = be.alloc_floats(size_t(n) * qrow);
+        Buffer kb = be.alloc_floats(size_t(n) * row);
+        Buffer vb = be.alloc_floats(size_t(n) * row);
+        Buffer attn = be.alloc_floats(size_t(n) * qrow);
         model.embed(seq.data(), n, hidden.data());
-        for (int l = 0; l < c.n_layer; ++l) {
-            model.layer_forward(l, hidden.data(), n, pos.data(), group.data(), slots.data(), cache);
-        }
-        const size_t row = size_t(cache.row());
-        int at = 0;
         for (size_t k = i; k < j; ++k) {
             ChunkKv& ck = out[k];
-            const int m = int(chunks[k].size());
             ck.tokens = chunks[k];
-            for (int t = 0; t < m; ++t) ck.local_pos.push_back(lead + t);
-            at += lead;
-            for (int l = 0; l < c.n_layer; ++l) {
-                ck.k.push_back(be.alloc_floats(std::max<size_t>(1, size_t(m) * row)));
-                ck.v.push_back(be.alloc_floats(std::max<size_t>(1, size_t(m) * row)));
-                be.copy(ck.k[l].data(), cache.k(l) + size_t(at) * row,
-                        size_t(m) * row * sizeof(float));
-                be.copy(ck.v[l].data(), cache.v(l) + size_t(at) * row,
-                        size_t(m) * row * sizeof(float));
+            for (size_t t = 0; t < chunks[k].size(); ++t) ck.local_pos.push_back(int32_t(lead + t));
+        }
+        for (int l = 0; l < c.n_layer; ++l) {
+            model.layer_qkv(l, hidden.data(), n, pos.data(), q.data(), kb.data(), vb.data());
+            for (size_t k = i; k < j; ++k) {
+                const int b = begin[k - i], m = len[k - i];
+                AttnParams ap;
+                ap.q = q.data() + size_t(b) * qrow;
+                ap.k = kb.data() + size_t(b) * row;
+                ap.v = vb.data() + size_t(b) * row;
+                ap.q_pos = pos.data() + b;
+                ap.k_pos = pos.data() + b;
+                ap.n_q = m;
+                ap.n_kv = m;
+                ap.n_head = c.n_head;
+                ap.n_head_kv = c.n_head_kv;
+                ap.head_dim = c.head_dim;
+                ap.out = attn.data() + size_t(b) * qrow;
+                be.attention(ap);
+                // The chunk's K/V without the sink.
+                ChunkKv& ck = out[k];
+                const size_t real = size_t(m - lead);
+                ck.k.push_back(be.alloc_floats(std::max<size_t>(1, real * row)));
+                ck.v.push_back(be.alloc_floats(std::max<size_t>(1, real * row)));
+                be.copy(ck.k[l].data(), kb.data() + size_t(b + lead) * row,
+                        real * row * sizeof(float));
+                be.copy(ck.v[l].data(), vb.data() + size_t(b + lead) * row,
+                        real * row * sizeof(float));
             }
-            at += m;
+            // The last layer's output is not needed: K/V are all a chunk prefill keeps.
+            if (l + 1 < c.n_layer) model.layer_post(l, hidden.data(), attn.data(), n);
         }
         i = j;
     }

@@ -24,10 +24,11 @@ struct ChunkKv {
 // prefill of the chunk at positions 0.. (how chunk 0 is computed).
 ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id);
 
-// Prefills several chunks independently, each as [sink] + chunk (the same result as
-// prefill_chunk on each), packing small chunks into one forward pass of up to `batch_tokens`
-// tokens with a block-diagonal visibility (one group per chunk): passages of a few dozen tokens
-// would otherwise run the model at tiny GEMM sizes.
+// Prefills several chunks independently, each as [sink] + chunk, bit for bit the result of
+// prefill_chunk on each: small chunks are packed into one pass of up to `batch_tokens` tokens
+// whose projections and MLP run as one GEMM (passages of a few dozen tokens would otherwise run
+// the model at tiny GEMM sizes) while attention runs per chunk, exactly as alone. Chunks loaded
+// from the KV store (prefilled alone by cache-build) therefore equal freshly prefilled ones.
 std::vector<ChunkKv> prefill_chunks(Model& model, const std::vector<std::vector<int32_t>>& chunks,
                                     int32_t sink_id, int batch_tokens = 512);
 

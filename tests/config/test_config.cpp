@@ -127,9 +127,11 @@ methods = ["ring", "infoflow"]
 runs = 3
 warmup = 0
 threads = 4
-[cache]
+[store]
 path = "cache/kv.h5"
-build_from = "docs.jsonl"
+mode = "read-write"
+dtype = "f32"
+compression = 3
 [output]
 path = "out/r.json"
 csv = "out/r.csv"
@@ -248,8 +250,10 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.bench.runs == 3);
     CHECK(c.bench.warmup == 0);
     CHECK(c.bench.threads == 4);
-    CHECK(c.cache.path == "cache/kv.h5");
-    CHECK(c.cache.build_from == "docs.jsonl");
+    CHECK(c.store.path == "cache/kv.h5");
+    CHECK(c.store.mode == C::StoreMode::read_write);
+    CHECK(c.store.dtype == C::StoreDType::f32);
+    CHECK(c.store.compression == 3);
     CHECK(c.output.path == "out/r.json");
     CHECK(c.output.csv == "out/r.csv");
 
@@ -359,7 +363,8 @@ TEST_CASE("out-of-range values and bad enum names", "[cpu][config]") {
           "niah.methods[1] at x.toml:2: 'fast' is not one of "
           "full|none|infoflow|cacheblend|epic|ring|reform");
     CHECK(error_of([] { parse("[request]\ndocuments_file = \"docs.csv\"\n"); }) ==
-          "request.documents_file at x.toml:2: 'docs.csv' must be a .jsonl or .txt file");
+          "request.documents_file at x.toml:2: 'docs.csv' must be a .jsonl or .txt file, or a "
+          "folder of .txt files ending in '/'");
 }
 
 TEST_CASE("keys that exclude each other", "[cpu][config]") {
