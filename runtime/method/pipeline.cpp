@@ -6,6 +6,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/method/chunk_kv.h"
+#include "runtime/method/chunk_store.h"
 #include "runtime/method/placement.h"
 #include "runtime/method/recompute.h"
 #include "runtime/method/scoring.h"
@@ -58,6 +59,35 @@ void check_positions(const Model& model, int T, int Q, int max_new) {
                                 << n_ctx);
 }
 
+// Phase 1 with the KV store: "store_load" (when store.path is set), then "chunk_prefill".
+std::vector<ChunkKv> prefill_or_load(ChunkSource& source, Model& model, const PreparedRequest& req,
+                                     PhaseClock& clock) {
+    std::vector<int> context(size_t(req.n_chunks() - 1));
+    std::iota(context.begin(), context.end(), 1);
+    if (source.uses_store()) {
+        source.load(context);
+        clock.mark("store_load");
+    }
+    std::vector<ChunkKv> chunks;
+    chunks.push_back(prefill_chunk(model, req.chunks[0], -1));
+    for (auto& ck : source.take(context)) chunks.push_back(std::move(ck));
+    clock.mark("chunk_prefill");
+    return chunks;
+}
+
+// store.mode = "read-write": the prefilled chunks go into the store after the answer.
+void save_to_store(ChunkSource& source, const std::vector<ChunkKv>& chunks, const Config& cfg,
+                   PhaseClock& clock, MethodResult& r) {
+    if (source.uses_store() && cfg.store.mode == Config::StoreMode::read_write) {
+        source.save(chunks);
+        clock.mark("store_write");
+    }
+    r.store_chunks = source.use().chunks_loaded;
+    r.store_tokens = source.use().tokens_loaded;
+    r.store_bytes = source.use().bytes_loaded;
+    r.store_added = source.use().chunks_added;
+}
+
 }  // namespace
 
 std::vector<int32_t> scoring_rows(const PreparedRequest& req, Config::Query query) {
@@ -101,16 +131,10 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
                  method == Config::Method::cacheblend || method == Config::Method::epic,
              "method.name = \"" << r.method << "\" is not a single-rank method");
 
-    // Phase 1: chunk prefill, chunk 0 exact (no sink), chunks >= 1 with the sink.
-    std::vector<ChunkKv> chunks;
-    chunks.push_back(prefill_chunk(model, req.chunks[0], -1));
-    {
-        std::vector<ChunkKv> rest = prefill_chunks(
-            model, std::vector<std::vector<int32_t>>(req.chunks.begin() + 1, req.chunks.end()),
-            req.sink_id);
-        for (auto& ck : rest) chunks.push_back(std::move(ck));
-    }
-    clock.mark("chunk_prefill");
+    // Phase 1: chunk prefill, chunk 0 exact (no sink), chunks >= 1 with the sink, or loaded
+    // from the KV store (store.path) as their own phase.
+    ChunkSource source(model, req, cfg);
+    std::vector<ChunkKv> chunks = prefill_or_load(source, model, req, clock);
 
     const std::vector<int32_t> rows = scoring_rows(req, cfg.scoring.query);
     ScoreOptions so;
@@ -269,6 +293,7 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     r.answer = g.tokens;
     r.stopped = g.stopped;
     clock.mark("decode");
+    save_to_store(source, chunks, cfg, clock, r);
     return r;
 }
 

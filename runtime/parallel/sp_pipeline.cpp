@@ -8,6 +8,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/method/chunk_kv.h"
+#include "runtime/method/chunk_store.h"
 #include "runtime/method/placement.h"
 #include "runtime/method/scoring.h"
 #include "runtime/method/selection.h"
@@ -265,19 +266,24 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
     const int L = c.n_layer;
     SpClock clock(comm, r.phases);
 
-    // ---- phase 1: shard prefill (no messages) ----
-    clock.begin("shard_prefill");
+    // ---- phase 1: shard prefill (no messages); this shard's chunks found in the KV store are
+    // loaded instead (phase store_load, every rank reading the same file) ----
+    if (!cfg.store.path.empty()) clock.begin("store_load");
+    ChunkSource source(model, req, cfg);
     Shard sh;
     std::vector<int> sizes;
     for (const auto& ch : req.chunks) sizes.push_back(int(ch.size()));
     sh.place = place_chunks(sizes, P);
     const int first_chunk = sh.place.first_chunk[rank];
     const int end_chunk = sh.place.end_chunk[rank];
-    std::vector<ChunkKv> own =
-        prefill_chunks(model,
-                       std::vector<std::vector<int32_t>>(req.chunks.begin() + first_chunk,
-                                                         req.chunks.begin() + end_chunk),
-                       req.sink_id);
+    std::vector<int> own_ids;
+    for (int i = first_chunk; i < end_chunk; ++i) own_ids.push_back(i);
+    if (source.uses_store()) {
+        source.load(own_ids);
+        clock.end();
+    }
+    clock.begin("shard_prefill");
+    std::vector<ChunkKv> own = source.take(own_ids);
     for (int i = 0; i < req.n_chunks(); ++i) {
         if (i == 0) {
             sh.chunks.push_back(prefill_chunk(model, req.chunks[0], -1));
@@ -560,6 +566,20 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
         r.answer = generate_replicated(model, comm, cache, key_begin, r.first_logits, T + Q, cfg,
                                        stop_ids, &r.stopped);
         clock.end();
+    }
+    if (source.uses_store() && cfg.store.mode == Config::StoreMode::read_write) {
+        clock.begin("store_write");  // each rank adds its own prefilled chunks (the lock serializes)
+        source.save(sh.chunks);
+        clock.end();
+    }
+    if (source.uses_store()) {  // the same on every rank (the configs agree)
+        double use[4] = {double(source.use().chunks_loaded), double(source.use().tokens_loaded),
+                         double(source.use().bytes_loaded), double(source.use().chunks_added)};
+        comm.all_reduce(use, 4, DType::f64, ReduceOp::sum);
+        r.store_chunks = int(use[0]);
+        r.store_tokens = int(use[1]);
+        r.store_bytes = uint64_t(use[2]);
+        r.store_added = int(use[3]);
     }
     gather_phases(comm, r);
     return r;

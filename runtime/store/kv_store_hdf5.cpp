@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <thread>
 
@@ -437,6 +438,11 @@ class Hdf5KvStore final : public KvStore {
         IF_CHECK(opt_.writable, "KV store '" << opt_.path << "' is open read-only "
                                              << "(store.mode = \"read\")");
         h5_quiet();
+        std::error_code ec;
+        const std::string parent = dir_of(opt_.path);
+        std::filesystem::create_directories(parent, ec);
+        IF_CHECK(!ec, "cannot write KV store '" << opt_.path << "': cannot create folder '"
+                                                << parent << "': " << ec.message());
         WriterLock lock(opt_.path, opt_.lock_timeout_s);
         // Another writer may have committed since we read the index.
         if (file_exists(opt_.path)) read_index();
