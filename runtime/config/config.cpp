@@ -4,7 +4,6 @@
 #include "runtime/config/config.h"
 
 #include <dirent.h>
-
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -381,7 +380,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 void check_documents_file(const Ctx& x, const std::string& v) {
     const std::string l = lower(v);
     if (!v.empty() && !ends_with(l, ".jsonl") && !ends_with(l, ".txt") && !ends_with(l, "/")) {
-        x.fail("'" + v + "' must be a .jsonl or .txt file, or a folder of .txt files ending in '/'");
+        x.fail("'" + v +
+               "' must be a .jsonl or .txt file, or a folder of .txt files ending in '/'");
     }
 }
 

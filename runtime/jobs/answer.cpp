@@ -89,9 +89,10 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
             r.context_tokens ? 100.0 * r.selected_positions.size() / r.context_tokens : 0.0);
     }
     if (!cfg.store.path.empty()) {
-        std::printf("store      : %d chunks, %d context tokens loaded from %s (%.2f MB), %d added\n",
-                    r.store_chunks, r.store_tokens, cfg.store.path.c_str(), r.store_bytes / 1e6,
-                    r.store_added);
+        std::printf(
+            "store      : %d chunks, %d context tokens loaded from %s (%.2f MB), %d added\n",
+            r.store_chunks, r.store_tokens, cfg.store.path.c_str(), r.store_bytes / 1e6,
+            r.store_added);
     }
     std::printf("phases     :");
     for (const PhaseTime& p : r.phases) std::printf(" %s %.1f ms;", p.name.c_str(), p.ms);

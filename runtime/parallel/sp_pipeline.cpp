@@ -568,7 +568,8 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
         clock.end();
     }
     if (source.uses_store() && cfg.store.mode == Config::StoreMode::read_write) {
-        clock.begin("store_write");  // each rank adds its own prefilled chunks (the lock serializes)
+        clock.begin(
+            "store_write");  // each rank adds its own prefilled chunks (the lock serializes)
         source.save(sh.chunks);
         clock.end();
     }

@@ -81,8 +81,9 @@ for r in (f32, rw2, rw1):
     assert r["first_token_top"] == fresh["first_token_top"], (r["first_token_top"][:3], fresh["first_token_top"][:3])
     assert r["answer"]["token_ids"] == fresh["answer"]["token_ids"]
 assert rw1["store"]["tokens"] == 0 and rw1["store"]["added"] == 4, rw1["store"]
-# f16: same selected set; logits within 2 % of the top logit's magnitude (half keeps 11 bits
-# per K/V value; the errors average out over the attention sums).
+# f16: same selected set; logits within 1e-3 of the top logit's magnitude (half keeps 11 bits
+# per K/V value, the errors average out over the attention sums; measured ~5e-5; see
+# tests/store/mpi/test_store_sp.cpp).
 assert f16["selected_positions"] == fresh["selected_positions"], "f16 selected set differs"
 a = {e["id"]: e["logit"] for e in f16["first_token_top"]}
 b = {e["id"]: e["logit"] for e in fresh["first_token_top"]}
@@ -90,7 +91,7 @@ assert f16["first_token_top"][0]["id"] == fresh["first_token_top"][0]["id"]
 scale = max(abs(v) for v in b.values())
 err = max(abs(a[i] - b[i]) for i in b if i in a) / scale
 print(f"f16 max relative logit error over the shared top-20: {err:.2e}")
-assert err <= 2e-2, err
+assert err <= 1e-3, err
 print("ok: store answers equal the fresh run;", repr(f16["answer"]["text"]))
 PY
     ;;
