@@ -7,6 +7,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 packages=(cmake g++ make pkg-config python3 python3-pip unzip
           openmpi-bin libopenmpi-dev libopenblas-dev catch2 libhdf5-dev hdf5-tools
+          python3-h5py  # the KV store tests read stores with h5py (/usr/bin/python3)
           nlohmann-json3-dev libtomlplusplus-dev libpcre2-dev libutf8proc-dev)
 
 sudo_cmd=""

@@ -8,6 +8,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -78,6 +81,9 @@ std::string h5_error() {
     auto walk = [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
         auto* s = static_cast<std::string*>(data);
         if (e->desc && *e->desc) *s = e->desc;  // downward walk: the last one is the innermost
+        for (char& ch : *s) {
+            if (ch == '\n') ch = ' ';
+        }
         return 0;
     };
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk, &out);
@@ -88,6 +94,18 @@ std::string h5_error() {
 void h5_quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
 std::string errno_str(int e) { return std::strerror(e); }
+
+// IEEE half -> float, exact (F16C when the build targets it: a load is mostly this loop).
+void f16_to_f32(const uint16_t* in, float* out, size_t n) {
+    size_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; i < n; ++i) out[i] = fp16_to_fp32(in[i]);
+}
 
 // ---- types and attributes -------------------------------------------------------------------
 
@@ -425,7 +443,7 @@ class Hdf5KvStore final : public KvStore {
                 raw.resize(count);
                 read_dataset(f.get(), name, dims, half.get(), raw.data(), file, key);
                 if (id_.dtype == StoreDType::f16) {
-                    for (size_t i = 0; i < count; ++i) dst[i] = fp16_to_fp32(raw[i]);
+                    f16_to_f32(raw.data(), dst.data(), count);
                 } else {
                     for (size_t i = 0; i < count; ++i) dst[i] = bf16_to_fp32(raw[i]);
                 }

@@ -295,6 +295,11 @@ TEST_CASE("unknown keys name the key, FILE:LINE and the closest key", "[cpu][con
     const std::string e3 = error_of([] { parse("ratio = 0.2\n"); });
     CHECK(e3 == "unknown key 'ratio' at x.toml:1 (did you mean 'method.ratio'?)");
 
+    // The retired [cache] section points to [store].
+    CHECK_THAT(error_of([] { parse("[cache]\npath = \"kv.h5\"\n"); }),
+               Catch::Contains("unknown section '[cache]'") &&
+                   Catch::Contains("replaced by [store]"));
+
     // Far from every key: no suggestion.
     const std::string e4 = error_of([] { parse("[scoring]\ncompletely_wrong = 1\n"); });
     CHECK(e4 == "unknown key 'scoring.completely_wrong' at x.toml:2");
