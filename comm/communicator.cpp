@@ -1,11 +1,15 @@
 // The shared half of every communicator: argument checks, timing and byte accounting around the
 // implementations' do_* calls (DESIGN §5.5), Request, the stats gather, the config-hash check
 // and abort_job (§11). This is also the factory file: the only place that tests INFOFLOW_HAVE_MPI
-// (STYLE §3). It never calls MPI itself; MPI stays in mpi_env.cpp and mpi_comm.cpp.
+// and INFOFLOW_HAVE_NCCL (STYLE §3). It never calls MPI, CUDA or NCCL itself; they stay in
+// mpi_env.cpp, mpi_comm.cpp and nccl_comm.cpp.
 #include "comm/communicator.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +22,9 @@
 
 #if defined(INFOFLOW_HAVE_MPI)
 #include "comm/mpi_env.h"
+#endif
+#if defined(INFOFLOW_HAVE_NCCL)
+#include "comm/nccl_comm.h"
 #endif
 
 namespace infoflow {
@@ -163,7 +170,11 @@ void wait_all(std::vector<Request>& requests) {
 // ---- Communicator: checks and accounting around the do_* calls ---------------------------------
 
 Communicator::Communicator(int rank, int size, int local_rank, int local_size)
-    : rank_(rank), size_(size), local_rank_(local_rank), local_size_(local_size) {
+    : rank_(rank),
+      size_(size),
+      local_rank_(local_rank),
+      local_size_(local_size),
+      watchdog_(rank, std::max(size, 1)) {
     IF_CHECK(size >= 1 && rank >= 0 && rank < size, "bad rank " << rank << " of " << size);
     IF_CHECK(local_size >= 1 && local_rank >= 0 && local_rank < local_size,
              "bad node-local rank " << local_rank << " of " << local_size);
@@ -317,13 +328,23 @@ void Communicator::set_phase(const std::string& phase) {
              "bad communication phase name '" << phase << "' (non-empty, no control characters)");
     phase_ = phase;
     // Fault injection for the end-to-end fault tests: INFOFLOW_INJECT_FAULT="RANK:PHASE" makes
-    // that rank fail as it enters that phase, while the others go on into its collectives.
+    // that rank fail as it enters that phase, while the others go on into its collectives;
+    // "RANK:PHASE:stop" makes it stop itself with SIGSTOP there instead (a hung rank, for the
+    // watchdog tests).
     if (const char* spec = std::getenv("INFOFLOW_INJECT_FAULT")) {
         const std::string s(spec);
         const size_t colon = s.find(':');
-        if (colon != std::string::npos && s.substr(colon + 1) == phase &&
+        std::string rest = colon == std::string::npos ? "" : s.substr(colon + 1);
+        const bool stop = rest.size() > 5 && rest.compare(rest.size() - 5, 5, ":stop") == 0;
+        if (stop) rest.resize(rest.size() - 5);
+        if (colon != std::string::npos && rest == phase &&
             std::atoi(s.substr(0, colon).c_str()) == rank_) {
-            IF_FAIL("injected fault on rank " << rank_ << " entering phase '" << phase << "'");
+            if (stop) {
+                std::fflush(stdout);
+                std::raise(SIGSTOP);
+            } else {
+                IF_FAIL("injected fault on rank " << rank_ << " entering phase '" << phase << "'");
+            }
         }
     }
 }
@@ -456,7 +477,10 @@ void check_same_config(Communicator& comm, const std::string& config_hash) {
     std::memcpy(slot.data(), h.data(), h.size());
     const int p = comm.size();
     std::string all(k_config_hash_slot * p, '\0');
-    comm.all_gather(slot.data(), k_config_hash_slot, all.data());
+    {
+        PhaseScope scope(comm, "startup");
+        comm.all_gather(slot.data(), k_config_hash_slot, all.data());
+    }
 
     auto hash_of = [&](int r) {
         const char* s = all.data() + k_config_hash_slot * r;
@@ -482,6 +506,59 @@ void check_same_config(Communicator& comm, const std::string& config_hash) {
     IF_FAIL(os.str());
 }
 
+// ---- check_same_model ----------------------------------------------------------------------
+
+void check_same_model(Communicator& comm, const std::string& identity, const std::string& source) {
+    // As in check_same_config, nothing may throw before the all-gather.
+    const std::string id =
+        identity.size() < k_model_identity_slot ? identity : fnv1a64_hex(identity);
+    char host[64] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+    const size_t k_host = sizeof host;
+    const size_t slot = k_model_identity_slot + k_host + k_model_source_slot;
+    std::string mine(slot, '\0');
+    std::memcpy(&mine[0], id.data(), id.size());
+    std::memcpy(&mine[k_model_identity_slot], host, std::strlen(host));
+    // The file as this host resolves it: the same relative path may name different files.
+    std::string file = source;
+    if (char* real = ::realpath(source.c_str(), nullptr)) {
+        file = real;
+        std::free(real);
+    }
+    std::memcpy(&mine[k_model_identity_slot + k_host], file.data(),
+                std::min(file.size(), k_model_source_slot - 1));
+    const int p = comm.size();
+    std::string all(slot * p, '\0');
+    {
+        PhaseScope scope(comm, "startup");
+        comm.all_gather(mine.data(), slot, all.data());
+    }
+    comm.watchdog().end_startup();
+
+    auto field = [&](int r, size_t off, size_t cap) {
+        const char* f = all.data() + slot * r + off;
+        return std::string(f, strnlen(f, cap));
+    };
+    auto describe = [&](int r) {
+        return "rank " + std::to_string(r) + " on " + field(r, k_model_identity_slot, k_host) +
+               " loaded '" + field(r, k_model_identity_slot + k_host, k_model_source_slot) +
+               "' (fingerprint " + field(r, 0, k_model_identity_slot) + ")";
+    };
+    const std::string ref = field(0, 0, k_model_identity_slot);
+    std::vector<int> bad;
+    for (int r = 1; r < p; ++r) {
+        if (field(r, 0, k_model_identity_slot) != ref) bad.push_back(r);
+    }
+    if (bad.empty()) return;
+    std::ostringstream os;
+    os << "the model differs across ranks: " << describe(0);
+    const size_t k_listed = 4;
+    for (size_t i = 0; i < bad.size() && i < k_listed; ++i) os << "; " << describe(bad[i]);
+    if (bad.size() > k_listed) os << "; and " << bad.size() - k_listed << " more ranks";
+    os << "; every rank must load the same model file (same weights, shapes and tokenizer)";
+    IF_FAIL(os.str());
+}
+
 // ---- factory -------------------------------------------------------------------------------
 
 // The one #if on MPI (STYLE §3): what the rest of this section may call.
@@ -495,7 +572,9 @@ int mpi_world_size() { return MpiEnv::world_size(); }
 std::unique_ptr<CommEnv> mpi_env(int* argc, char*** argv) {
     return std::make_unique<MpiEnv>(argc, argv);
 }
-std::unique_ptr<Communicator> mpi_communicator() { return make_mpi_communicator(); }
+std::unique_ptr<Communicator> mpi_communicator(const WatchdogTimeouts& t) {
+    return make_mpi_communicator(t);
+}
 #else
 constexpr bool k_have_mpi = false;
 bool mpi_up() { return false; }
@@ -503,7 +582,23 @@ int mpi_world_rank() { return 0; }
 int mpi_world_size() { return 1; }
 [[noreturn]] void mpi_abort(int code) { std::_Exit(code); }
 std::unique_ptr<CommEnv> mpi_env(int*, char***) { IF_FAIL("MPI is not built"); }
-std::unique_ptr<Communicator> mpi_communicator() { IF_FAIL("MPI is not built"); }
+std::unique_ptr<Communicator> mpi_communicator(const WatchdogTimeouts&) {
+    IF_FAIL("MPI is not built");
+}
+#endif
+
+// The one #if on NCCL (STYLE §3).
+#if defined(INFOFLOW_HAVE_NCCL)
+constexpr bool k_have_nccl = true;
+std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator> host,
+                                                double timeout_s) {
+    return make_nccl_communicator(std::move(host), timeout_s);
+}
+#else
+constexpr bool k_have_nccl = false;
+std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator>, double) {
+    IF_FAIL("NCCL is not built");
+}
 #endif
 
 int env_int(const char* name, int fallback) {
@@ -514,13 +609,13 @@ int env_int(const char* name, int fallback) {
     return (end && *end == '\0' && x >= 0 && x < (1L << 30)) ? static_cast<int>(x) : fallback;
 }
 
-void check_kind(const std::string& kind) {
+void check_kind(const std::string& kind, bool have_mpi = k_have_mpi, bool have_nccl = k_have_nccl) {
     IF_CHECK(kind == "auto" || kind == "mpi" || kind == "self" || kind == "nccl",
              "unknown communicator kind '" << kind << "' (expected auto, mpi, self or nccl)");
-    IF_CHECK(kind != "nccl",
-             "communicator 'nccl' is not built in this binary (the NCCL "
-             "communicator is not implemented yet; use parallel.comm = \"mpi\")");
-    IF_CHECK(kind != "mpi" || k_have_mpi,
+    IF_CHECK(kind != "nccl" || have_nccl,
+             "communicator 'nccl' is not built in this binary (reconfigure with the CUDA toolkit "
+             "and NCCL installed and INFOFLOW_ENABLE_CUDA=ON, INFOFLOW_ENABLE_NCCL=ON)");
+    IF_CHECK(kind != "mpi" || have_mpi,
              "communicator 'mpi' is not built in this binary (reconfigure with MPI installed and "
              "INFOFLOW_ENABLE_MPI=ON)");
 }
@@ -538,28 +633,67 @@ int launcher_world_size() {
     return n;
 }
 
+int launcher_world_rank() {
+    return env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", env_int("PMIX_RANK", 0)));
+}
+
 std::unique_ptr<CommEnv> init_comm(int* argc, char*** argv, const std::string& kind) {
     check_kind(kind);
-    if (kind == "mpi" || (kind == "auto" && k_have_mpi && launcher_world_size() > 0)) {
+    if (kind == "mpi" || (kind == "nccl" && k_have_mpi) ||
+        (kind == "auto" && k_have_mpi && launcher_world_size() > 0)) {
         return mpi_env(argc, argv);
     }
     return std::make_unique<CommEnv>();
 }
 
-std::unique_ptr<Communicator> make_communicator(const std::string& kind) {
-    check_kind(kind);
-    if (kind == "self") return make_self_communicator();
-    if (kind == "mpi" || mpi_up()) {
-        IF_CHECK(mpi_up(),
+bool comm_have_nccl() { return k_have_nccl; }
+
+std::string comm_choice(const std::string& kind, const std::string& backend, const CommWorld& w,
+                        std::string* host_channel) {
+    check_kind(kind, w.have_mpi, w.have_nccl);
+    if (host_channel) host_channel->clear();
+    if (kind == "self") return "self";
+    if (kind == "mpi") {
+        IF_CHECK(w.mpi_up,
                  "communicator 'mpi': MPI is not initialized (main must hold init_comm())");
-        return mpi_communicator();
+        return "mpi";
     }
-    const int n = launcher_world_size();
-    IF_CHECK(n <= 1, "started by a launcher with "
-                         << n << " ranks but MPI is not initialized"
-                         << (k_have_mpi ? " (main must hold init_comm())"
-                                        : " (this binary was built without MPI)"));
-    return make_self_communicator();
+    // nccl and auto: the host side is MPI when it runs; otherwise one rank, unless a launcher
+    // started several (then MPI must be initialized, or each would run alone).
+    if (!w.mpi_up) {
+        IF_CHECK(w.launcher_size <= 1,
+                 "started by a launcher with "
+                     << w.launcher_size << " ranks but MPI is not initialized"
+                     << (w.have_mpi ? " (main must hold init_comm())"
+                                    : " (this binary was built without MPI)"));
+    }
+    const std::string host = w.mpi_up ? "mpi" : "self";
+    if (kind == "nccl" || (backend == "cuda" && w.have_nccl)) {
+        if (host_channel) *host_channel = host;
+        return "nccl";
+    }
+    return host;
+}
+
+std::unique_ptr<Communicator> make_communicator(const std::string& kind,
+                                                const CommOptions& options) {
+    CommWorld w;
+    w.have_mpi = k_have_mpi;
+    w.have_nccl = k_have_nccl;
+    w.mpi_up = mpi_up();
+    w.launcher_size = launcher_world_size();
+    std::string host;
+    const std::string choice = comm_choice(kind, options.backend, w, &host);
+    const WatchdogTimeouts timeouts{options.timeout_s, options.startup_timeout_s};
+    auto self = [&] {
+        std::unique_ptr<Communicator> c = make_self_communicator();
+        c->watchdog().set_timeouts(timeouts);
+        return c;
+    };
+    if (choice == "self") return self();
+    if (choice == "mpi") return mpi_communicator(timeouts);
+    return nccl_communicator(host == "mpi" ? mpi_communicator(timeouts) : self(),
+                             options.timeout_s);
 }
 
 [[noreturn]] void abort_job(const std::string& msg, int code) {
@@ -569,9 +703,11 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind) {
         rank = mpi_world_rank();
         size = mpi_world_size();
     } else {
-        rank = env_int("OMPI_COMM_WORLD_RANK", env_int("PMI_RANK", env_int("PMIX_RANK", 0)));
+        rank = launcher_world_rank();
         size = std::max(1, launcher_world_size());
     }
+    std::signal(SIGTERM, SIG_DFL);  // as in MpiComm::abort: no "interrupted" line after this
+    std::signal(SIGINT, SIG_DFL);
     std::cout.flush();
     std::fflush(stdout);
     std::fprintf(stderr, "[rank %d/%d] error: %s\n", rank, size, msg.c_str());

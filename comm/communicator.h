@@ -1,16 +1,18 @@
 // The communicator: a small abstract interface with coarse ops (STYLE §4) over which the
 // sequence-parallel phases (DESIGN §5.2) and ring attention (§5.4) move data, plus the byte and
 // wait-time accounting of §5.5 and the fault helpers of §11. Implementations: `SelfComm` (one
-// rank, no library; comm/self_comm.cpp) and `MpiComm` (comm/mpi_comm.h); NCCL later. This header
+// rank, no library; comm/self_comm.cpp), `MpiComm` (comm/mpi_comm.h) and `NcclComm`
+// (comm/nccl_comm.h). This header
 // is plain C++: it never includes mpi.h or nccl.h, and nothing here is a template.
 //
 // Memory and streams. Every data-moving call takes buffers in the communicator's
 // `memory_space()` and an opaque `Stream` (a cudaStream_t for a device communicator):
 //   - host communicators (self, mpi): host pointers; `stream` must be nullptr; a call returns
 //     when it is complete (for isend/irecv: when the Request completes).
-//   - device communicators (nccl, future): device pointers; the op is enqueued on `stream` and
+//   - device communicators (nccl): device pointers; the op is enqueued on `stream` and
 //     completes in stream order; the host must synchronize the stream before reading results.
-//     Wait time is then the host time spent enqueuing.
+//     Wait time is then the host time spent enqueuing. NcclComm is stricter (every op returns
+//     complete) and also takes host buffers for control data: comm/nccl_comm.h.
 // Ordering. Collectives are called by every rank of the communicator, in the same order, with
 // matching arguments (bytes, root, dtype, op; the size vectors of the *_v calls agree
 // pairwise). Point-to-point messages between two ranks with the same tag match in posting order.
@@ -26,6 +28,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "comm/watchdog.h"
 
 namespace infoflow {
 
@@ -197,6 +201,12 @@ class Communicator {
     // Used by Request to charge its wait time.
     void add_wait(const std::string& phase, double ms);
 
+    // ---- watchdog (DESIGN §11, comm/watchdog.h) ----
+    // The deadlines of this communicator's waits: set_timeouts() after construction, and
+    // end_startup() once the start-up checks are done (check_same_model does it). SelfComm
+    // never waits for a peer, so its watchdog is never consulted.
+    Watchdog& watchdog() { return watchdog_; }
+
   protected:
     Communicator(int rank, int size, int local_rank, int local_size);
 
@@ -232,6 +242,7 @@ class Communicator {
     std::string phase_ = "other";
     std::vector<std::string> phase_order_;
     std::map<std::string, CommStats> stats_;
+    Watchdog watchdog_;
 };
 
 // Counts calls under `phase` for its lifetime, then restores the previous phase.
@@ -260,6 +271,19 @@ constexpr size_t k_config_hash_slot = 64;
 // from rank 0's, throws infoflow::Error on every rank naming the differing ranks and hashes.
 void check_same_config(Communicator& comm, const std::string& config_hash);
 
+// Slots check_same_model compares (exposed for tests): the identity and the file name.
+constexpr size_t k_model_identity_slot = 64;
+constexpr size_t k_model_source_slot = 960;
+
+// Collective start-up check (DESIGN §11) of the model every rank loaded: `identity` is a
+// fingerprint of what was loaded (architecture, shapes, tensor bytes, tokenizer; a longer one is
+// compared by its FNV-1a hex), `source` the file it came from (reported as this host resolves
+// it, realpath, since one relative path may name different files; truncated to the slot). When any
+// rank's identity differs from rank 0's, throws infoflow::Error on every rank naming rank 0 and
+// each differing rank with its host, file and identity. Then ends the watchdog's start-up period
+// (later waits get parallel.timeout_s).
+void check_same_model(Communicator& comm, const std::string& identity, const std::string& source);
+
 // ---- construction (the factory file is the only place that knows what is built) ----
 
 // True when this binary was built with the MPI communicator.
@@ -269,6 +293,9 @@ bool comm_have_mpi();
 // OMPI_COMM_WORLD_SIZE; Hydra and Slurm PMI-2: PMI_SIZE; srun --mpi=pmix: PMIX_RANK with
 // SLURM_STEP_NUM_TASKS), or 0 when not started by a launcher. Needs no library.
 int launcher_world_size();
+// This process's rank announced by the launcher (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK), 0
+// when none. Needs no library.
+int launcher_world_rank();
 
 // Keeps the communication library initialized while it lives (MPI: an MpiEnv). Move-only.
 class CommEnv {
@@ -279,20 +306,49 @@ class CommEnv {
     CommEnv& operator=(const CommEnv&) = delete;
 };
 
-// For main(), before anything else: kind "mpi" or "nccl" initializes MPI (error when not
-// built); "auto" initializes it when built with MPI and started by a launcher
+// For main(), before anything else: kind "mpi" initializes MPI (error when not built); "nccl"
+// initializes it when built with MPI (a build without MPI runs NCCL on one rank) and errors when
+// NCCL is not built; "auto" initializes it when built with MPI and started by a launcher
 // (launcher_world_size() > 0); "self" initializes nothing. Hold the result until main returns.
 std::unique_ptr<CommEnv> init_comm(int* argc, char*** argv, const std::string& kind = "auto");
 
+// What make_communicator needs beyond the kind.
+struct CommOptions {
+    std::string backend = "cpu";  // model.backend: "auto" picks nccl for "cuda" when built
+    double timeout_s = 600.0;     // parallel.timeout_s: deadline of one wait or device operation
+    double startup_timeout_s = 300.0;  // parallel.startup_timeout_s: waits before the start-up
+                                       // checks are done (check_same_model ends that period)
+};
+
 // kind: "auto" | "mpi" | "self" | "nccl".
-//   auto: MpiComm over MPI_COMM_WORLD when built with MPI and MPI is initialized; otherwise, if a
-//         launcher announced more than one rank, an error (MPI is not initialized: the job would
-//         silently run P independent one-rank jobs); otherwise SelfComm.
+//   auto: NcclComm when the backend is "cuda" and NCCL is built; otherwise MpiComm over
+//         MPI_COMM_WORLD when built with MPI and MPI is initialized; otherwise, if a launcher
+//         announced more than one rank, an error (MPI is not initialized: the job would silently
+//         run P independent one-rank jobs); otherwise SelfComm.
 //   mpi:  MpiComm over MPI_COMM_WORLD; error when not built or MPI is not initialized.
 //   self: SelfComm (one rank).
-//   nccl: error, not built yet.
-// Collective for "mpi" and "auto"-that-picks-mpi (duplicates the world communicator).
-std::unique_ptr<Communicator> make_communicator(const std::string& kind);
+//   nccl: NcclComm (comm/nccl_comm.h) over a host channel: MpiComm when MPI is initialized,
+//         else SelfComm (one rank: the same launcher check as auto); error when not built, and
+//         on every rank when a rank has no CUDA device.
+// Collective for every kind but "self" (duplicates the world communicator).
+std::unique_ptr<Communicator> make_communicator(const std::string& kind,
+                                                const CommOptions& options = {});
+
+// The factory's decision, as a pure function of what is built and running (exposed for tests):
+// "self" | "mpi" | "nccl" for the communicator, and in *host_channel the host communicator an
+// NcclComm would run over ("mpi" | "self"; "" for the others). Throws infoflow::Error with the
+// factory's message where it refuses.
+struct CommWorld {
+    bool have_mpi = false;   // built with MPI
+    bool have_nccl = false;  // built with NCCL (and CUDA)
+    bool mpi_up = false;     // MPI is initialized
+    int launcher_size = 0;   // launcher_world_size()
+};
+std::string comm_choice(const std::string& kind, const std::string& backend, const CommWorld& w,
+                        std::string* host_channel = nullptr);
+
+// True when this binary was built with the NCCL communicator.
+bool comm_have_nccl();
 
 // SelfComm directly (also what make_communicator("self") returns).
 std::unique_ptr<Communicator> make_self_communicator();

@@ -6,9 +6,11 @@
 
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/watchdog.h"
 
 namespace infoflow {
 
@@ -28,12 +30,23 @@ std::string mpi_error_string(int code);
         }                                                                               \
     } while (0)
 
+// The watchdog's side channel over MPI (comm/watchdog.h): questions and answers are small
+// point-to-point messages on `comm`, which the channel owns (frees it) and which must carry no
+// other traffic. Also the side channel of a device communicator over its bootstrap MPI
+// communicator. `comm` must have MPI_ERRORS_RETURN.
+std::unique_ptr<WatchdogChannel> make_mpi_watchdog_channel(MPI_Comm comm);
+
+// Every op is posted non-blocking (MPI_Ibarrier, MPI_Iallgather, ..., MPI_Isend/MPI_Irecv) and
+// completed by polling MPI_Test under the watchdog (comm/watchdog.h): a peer that does not
+// arrive within the deadline ends the job with a message naming it, instead of a hang.
 class MpiComm final : public Communicator {
   public:
-    // Collective over `base`: duplicates it (so this communicator's traffic cannot match other
-    // libraries' messages), sets MPI_ERRORS_RETURN on the duplicate, and finds the node-local
-    // rank with MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). MPI must be initialized.
-    explicit MpiComm(MPI_Comm base = MPI_COMM_WORLD);
+    // Collective over `base`: duplicates it twice with MPI_Comm_idup (data, and the watchdog's
+    // side channel; waited for at most timeouts.startup_timeout_s), so this communicator's
+    // traffic cannot match other libraries' messages; sets MPI_ERRORS_RETURN on the duplicates,
+    // and finds the node-local rank with MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). MPI must be
+    // initialized.
+    explicit MpiComm(MPI_Comm base = MPI_COMM_WORLD, const WatchdogTimeouts& timeouts = {});
     // Frees the duplicate (unless MPI is already finalized).
     ~MpiComm() override;
 
@@ -62,10 +75,13 @@ class MpiComm final : public Communicator {
 
   private:
     struct Setup;
-    static Setup setup(MPI_Comm base);
-    explicit MpiComm(const Setup& s);
+    static Setup setup(MPI_Comm base, const WatchdogTimeouts& timeouts);
+    MpiComm(const Setup& s, const WatchdogTimeouts& timeouts);
+    // Completes a posted collective under the watchdog.
+    void wait_collective(MPI_Request* req, const char* op);
     int tag_ub_ = 32767;  // largest tag MPI allows (MPI_TAG_UB, at least 32767)
     MPI_Comm comm_ = MPI_COMM_NULL;
+    std::unique_ptr<WatchdogChannel> channel_;
 };
 
 }  // namespace infoflow

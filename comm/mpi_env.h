@@ -46,6 +46,6 @@ class MpiEnv : public CommEnv {
 };
 
 // MpiComm over a duplicate of MPI_COMM_WORLD (collective). MPI must be initialized.
-std::unique_ptr<Communicator> make_mpi_communicator();
+std::unique_ptr<Communicator> make_mpi_communicator(const WatchdogTimeouts& timeouts = {});
 
 }  // namespace infoflow

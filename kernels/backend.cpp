@@ -10,15 +10,25 @@ Buffer::~Buffer() {
 }
 
 #if defined(INFOFLOW_HAVE_CUDA)
-std::unique_ptr<Backend> make_cuda_backend(int n_threads);
+std::unique_ptr<Backend> make_cuda_backend(int n_threads, int local_rank);
+int cuda_visible_devices();
 #endif
 
-std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads) {
+int cuda_device_count() {
+#if defined(INFOFLOW_HAVE_CUDA)
+    return cuda_visible_devices();
+#else
+    return 0;
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads, int local_rank) {
     if (name == "cpu") return make_cpu_backend(n_threads);
     if (name == "cuda") {
 #if defined(INFOFLOW_HAVE_CUDA)
-        return make_cuda_backend(n_threads);
+        return make_cuda_backend(n_threads, local_rank);
 #else
+        (void)local_rank;
         IF_FAIL("backend 'cuda' was not built into this binary (configure with nvcc available)");
 #endif
     }

@@ -1,8 +1,18 @@
 // The compute backend: a small interface with coarse ops (STYLE §4). The CPU backend is always
 // built and is the reference every other backend is tested against; a CUDA backend implements
-// the same ops on device buffers and a stream. Every pointer an op takes lives in the backend's
-// memory (`Backend::alloc`). Shapes are row-major, outermost first, written on every parameter.
-// Numerics: fp32 accumulation; attention returns fp32 output and the natural-log LSE.
+// the same ops on device buffers and a stream. Shapes are row-major, outermost first, written on
+// every parameter. Numerics: fp32 accumulation; attention returns fp32 output and the
+// natural-log LSE.
+//
+// Where the arguments of an op live:
+//  - float tensors (activations, norms, biases, KV) are backend memory (`Backend::alloc`);
+//  - weight matrices of `matmul` and the table of `embed` come from `load_matrix` or
+//    `random_matrix` (the backend's weight storage: fp32 on the CPU, bf16 on a GPU); the CPU
+//    backend also takes any host fp32 matrix in place;
+//  - int32 index arrays (embed ids, rope positions, AttnParams/ScoreParams q_pos, k_pos,
+//    q_group, k_group) are HOST memory for every backend: they are small, built on the host
+//    (KvCache keeps its slot metadata there), and a device backend stages them into device
+//    scratch itself, one copy per op call. The host array may be reused once the call returns.
 #pragma once
 
 #include <cstddef>
@@ -52,14 +62,15 @@ class Buffer {
 // k_group[j] < 0 or q_group[i] == k_group[j]). Groups express the shard/selection visibility of
 // DESIGN §5.2 (a negative key group = visible to every query). GQA: query head h reads KV head
 // h / (n_head / n_head_kv). A query with no visible key gets out = 0 and lse = -inf.
+// q, k, v, out, lse: backend memory; q_pos, k_pos, q_group, k_group: host memory.
 struct AttnParams {
     const float* q = nullptr;          // [n_q, n_head, head_dim]
     const float* k = nullptr;          // [n_kv, kv_stride] (kv head hk at offset hk*head_dim)
     const float* v = nullptr;          // [n_kv, kv_stride]
-    const int32_t* q_pos = nullptr;    // [n_q]
-    const int32_t* k_pos = nullptr;    // [n_kv]
-    const int32_t* q_group = nullptr;  // [n_q] or nullptr
-    const int32_t* k_group = nullptr;  // [n_kv] or nullptr
+    const int32_t* q_pos = nullptr;    // [n_q] host
+    const int32_t* k_pos = nullptr;    // [n_kv] host
+    const int32_t* q_group = nullptr;  // [n_q] or nullptr, host
+    const int32_t* k_group = nullptr;  // [n_kv] or nullptr, host
     int n_q = 0;
     int n_kv = 0;
     int n_head = 0;
@@ -78,14 +89,15 @@ struct AttnParams {
 //   aggregate "sum" : col[j] += sum_i sum_h P[h,i,j]
 // for columns j in [0, n_cols) (the first n_cols keys). `lse` is the full softmax normalizer of
 // each row (from `attention`, or merged across ranks), so partial key sets score exactly.
+// Index arrays are host memory, as in AttnParams.
 struct ScoreParams {
-    const float* q = nullptr;        // [n_q, n_head, head_dim]
-    const float* k = nullptr;        // [n_cols, kv_stride]
-    const float* lse = nullptr;      // [n_q, n_head]
-    const int32_t* q_pos = nullptr;  // [n_q]
-    const int32_t* k_pos = nullptr;  // [n_cols]
-    const int32_t* q_group = nullptr;
-    const int32_t* k_group = nullptr;
+    const float* q = nullptr;          // [n_q, n_head, head_dim]
+    const float* k = nullptr;          // [n_cols, kv_stride]
+    const float* lse = nullptr;        // [n_q, n_head]
+    const int32_t* q_pos = nullptr;    // [n_q] host
+    const int32_t* k_pos = nullptr;    // [n_cols] host
+    const int32_t* q_group = nullptr;  // [n_q] or nullptr, host
+    const int32_t* k_group = nullptr;  // [n_cols] or nullptr, host
     int n_q = 0;
     int n_cols = 0;
     int n_head = 0;
@@ -97,11 +109,24 @@ struct ScoreParams {
     float* col = nullptr;        // [n_cols], accumulated into
 };
 
+// Seeded synthetic weights (random: models, DESIGN §7), counter-based so that any backend
+// produces the same values: element i of a tensor is `random_weight(key, i)`
+// (kernels/random_init.h) with key = seed ^ hash(tensor name).
+struct RandomMatrixSpec {
+    uint64_t key = 0;
+    float scale = 0.0f;  // multiplies the centred Irwin-Hall sum (kernels/random_init.h)
+};
+
 class Backend {
   public:
     virtual ~Backend() = default;
-    virtual std::string name() const = 0;
+    virtual std::string name() const = 0;  // "cpu" or "cuda"
+    // The device it runs on, for summaries: "cpu", "cuda:0 NVIDIA H200 (cc 9.0, 139 GiB)".
+    virtual std::string device() const { return name(); }
     virtual void set_threads(int n_threads) = 0;
+    // The backend's stream (a cudaStream_t for CUDA), so a device communicator can enqueue on it
+    // in order with the ops; nullptr for the CPU.
+    virtual void* stream() { return nullptr; }
 
     // ---- memory ----
     virtual Buffer alloc(size_t bytes) = 0;
@@ -109,22 +134,37 @@ class Backend {
     virtual void release(void* ptr) = 0;  // called by Buffer
     virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
     virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
-    virtual void copy(void* dst, const void* src, size_t bytes) = 0;  // within the backend
+    // Within the backend (a device backend also accepts host pointers on either side).
+    virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+    // Waits until every op issued so far is done (download does it itself).
     virtual void synchronize() = 0;
 
+    // ---- weights ----
+    // A host fp32 matrix in the backend's weight storage (CPU: an fp32 copy; CUDA: bf16 on the
+    // device, rounded to nearest even). The result's data() is what `matmul` and `embed` take.
+    virtual Buffer load_matrix(const float* host /*[rows, cols]*/, int rows, int cols) = 0;
+    // A seeded random matrix generated by the backend itself (never materialized on the host
+    // for a device backend); the same values as `random_weight` computes on the host, stored as
+    // `load_matrix` would store them.
+    virtual Buffer random_matrix(int rows, int cols, const RandomMatrixSpec& spec) = 0;
+
     // ---- ops ----
-    // out[i, :] = table[ids[i], :]
+    // out[i, :] = table[ids[i], :] (fp32 out). `table` is weight storage (load_matrix), `ids`
+    // host memory, each in [0, n_vocab) (the caller checks).
     virtual void embed(const float* table /*[n_vocab, n_embd]*/, const int32_t* ids /*[n]*/, int n,
                        int n_embd, float* out /*[n, n_embd]*/) = 0;
     // out = x * rsqrt(mean(x^2) + eps) * w, per row; out may alias x.
     virtual void rms_norm(const float* x /*[n, d]*/, const float* w /*[d]*/, int n, int d,
                           float eps, float* out /*[n, d]*/) = 0;
-    // out = x W^T (+ bias) (+ out when accumulate).
+    // out = x W^T (+ bias) (+ out when accumulate). `w` is weight storage (load_matrix); x,
+    // bias and out are fp32 backend memory. A device backend rounds x to bf16 and accumulates
+    // in fp32.
     virtual void matmul(const float* x /*[n, k]*/, const float* w /*[m, k]*/,
                         const float* bias /*[m] or nullptr*/, int n, int k, int m,
                         float* out /*[n, m]*/, bool accumulate) = 0;
     // In-place half-split RoPE: pair (i, i + head_dim/2) rotated by pos[t] * inv_freq[i].
     // Positions may be negative (re-rotation by a delta). Angles computed in fp32 as HF does.
+    // `pos` is host memory; `inv_freq` backend memory (llama3 scaling already applied).
     virtual void rope(float* x /*[n, n_head, head_dim]*/, const int32_t* pos /*[n]*/, int n,
                       int n_head, int head_dim, const float* inv_freq /*[head_dim/2]*/) = 0;
     virtual void attention(const AttnParams& p) = 0;
@@ -144,7 +184,10 @@ class Backend {
 // The CPU backend (always built). `n_threads` <= 0 means the OpenMP default.
 std::unique_ptr<Backend> make_cpu_backend(int n_threads);
 // A backend by name: "cpu" or "cuda" (errors name the backend when it was not built or no
-// device is present).
-std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads);
+// device is present). `local_rank` is the node-local rank: a device backend runs on device
+// local_rank % (visible devices).
+std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads, int local_rank = 0);
+// Visible CUDA devices: 0 when the CUDA backend was not built, or no driver or device is present.
+int cuda_device_count();
 
 }  // namespace infoflow

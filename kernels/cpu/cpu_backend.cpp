@@ -12,6 +12,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_math.h"
+#include "kernels/random_init.h"
 #include "runtime/core/error.h"
 
 namespace infoflow {
@@ -65,6 +66,20 @@ class CpuBackend final : public Backend {
         if (bytes) std::memmove(dst, src, bytes);
     }
     void synchronize() override {}
+
+    Buffer load_matrix(const float* host, int rows, int cols) override {
+        Buffer b = alloc_floats(size_t(rows) * cols);
+        upload(b.data(), host, b.bytes());
+        return b;
+    }
+    Buffer random_matrix(int rows, int cols, const RandomMatrixSpec& spec) override {
+        const size_t n = size_t(rows) * cols;
+        Buffer b = alloc_floats(n);
+        float* d = b.data();
+#pragma omp parallel for schedule(static) num_threads(n_threads_) if (n > 65536)
+        for (size_t i = 0; i < n; ++i) d[i] = random_weight(spec.key, i, spec.scale);
+        return b;
+    }
 
     void embed(const float* table, const int32_t* ids, int n, int n_embd, float* out) override {
         for (int i = 0; i < n; ++i) {

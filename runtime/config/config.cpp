@@ -77,6 +77,51 @@ std::string enum_choices() {
 
 [[noreturn]] void fail(const std::string& msg) { throw Error(msg); }
 
+// Offset of the first byte that is not well-formed UTF-8 (overlong forms, surrogates and code
+// points above U+10FFFF included), or npos. Text from TOML is checked by the TOML parser; this
+// covers what bypasses it (--set values taken as bare text, .txt documents, question files).
+size_t invalid_utf8_at(const std::string& s) {
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+    const size_t n = s.size();
+    size_t i = 0;
+    while (i < n) {
+        const unsigned c = p[i];
+        size_t len = 0;
+        unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+        if (c < 0x80) {
+            ++i;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            len = 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            len = 3;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            len = 4;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return i;
+        }
+        if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
+        for (size_t k = 2; k < len; ++k) {
+            if (p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
+        }
+        i += len;
+    }
+    return std::string::npos;
+}
+
+void check_utf8(const std::string& text, const std::string& where) {
+    const size_t at = invalid_utf8_at(text);
+    if (at != std::string::npos) {
+        const size_t line = 1 + std::count(text.begin(), text.begin() + at, '\n');
+        fail(where + ": invalid UTF-8 at line " + std::to_string(line) + ", byte " +
+             std::to_string(at) + " (text must be UTF-8)");
+    }
+}
+
 // Optimal string alignment distance (Levenshtein + adjacent transpositions).
 size_t edit_distance(const std::string& a, const std::string& b) {
     const size_t n = a.size(), m = b.size();
@@ -233,7 +278,25 @@ struct Field {
     std::function<json(const Config&)> get;
     bool is_string = false;        // --set takes any text as the string
     bool is_string_array = false;  // --set accepts [a, b] with bare words
+    std::string type = {};         // for the reference: "int >= 0", "[float in [0, 1]]", ...
+    std::string choices = {};      // for the reference: enum spellings "a|b|c"; else empty
 };
+
+// Type text of the reference (docs/config.md): the accepted range, as the setter checks it.
+std::string int_type(int64_t lo, int64_t hi) {
+    if (hi >= std::numeric_limits<int>::max()) return "int >= " + std::to_string(lo);
+    return "int in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+}
+
+std::string float_type(double lo, double hi) {
+    std::ostringstream os;
+    if (hi >= std::numeric_limits<double>::max()) {
+        os << "float >= " << lo;
+    } else {
+        os << "float in [" << lo << ", " << hi << "]";
+    }
+    return os.str();
+}
 
 template <class S>
 using Sec = S Config::*;
@@ -241,14 +304,16 @@ using Sec = S Config::*;
 template <class S, class T>
 Field int_field(const char* key, Sec<S> sec, T S::*mem, int64_t lo,
                 int64_t hi = std::numeric_limits<int>::max()) {
-    return {key,
+    Field f{key,
             [=](Config& c, const Ctx& x) { (c.*sec).*mem = static_cast<T>(get_int(x, lo, hi)); },
             [=](const Config& c) { return json((c.*sec).*mem); }};
+    f.type = int_type(lo, hi);
+    return f;
 }
 
 template <class S>
 Field opt_int_field(const char* key, Sec<S> sec, std::optional<int> S::*mem, int64_t lo) {
-    return {key,
+    Field f{key,
             [=](Config& c, const Ctx& x) {
                 (c.*sec).*mem = static_cast<int>(get_int(x, lo, std::numeric_limits<int>::max()));
             },
@@ -256,19 +321,25 @@ Field opt_int_field(const char* key, Sec<S> sec, std::optional<int> S::*mem, int
                 const auto& v = (c.*sec).*mem;
                 return v ? json(*v) : json(nullptr);
             }};
+    f.type = int_type(lo, std::numeric_limits<int>::max());
+    return f;
 }
 
 template <class S>
 Field float_field(const char* key, Sec<S> sec, double S::*mem, double lo,
                   double hi = std::numeric_limits<double>::max()) {
-    return {key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_float(x, lo, hi); },
+    Field f{key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_float(x, lo, hi); },
             [=](const Config& c) { return json((c.*sec).*mem); }};
+    f.type = float_type(lo, hi);
+    return f;
 }
 
 template <class S>
 Field bool_field(const char* key, Sec<S> sec, bool S::*mem) {
-    return {key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_bool(x); },
+    Field f{key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_bool(x); },
             [=](const Config& c) { return json((c.*sec).*mem); }};
+    f.type = "bool";
+    return f;
 }
 
 using StringCheck = std::function<void(const Ctx&, const std::string&)>;
@@ -283,19 +354,23 @@ Field string_field(const char* key, Sec<S> sec, std::string S::*mem, StringCheck
             },
             [=](const Config& c) { return json((c.*sec).*mem); }};
     f.is_string = true;
+    f.type = "str";
     return f;
 }
 
 template <class S, class E>
 Field enum_field(const char* key, Sec<S> sec, E S::*mem) {
-    return {key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_enum<E>(x); },
+    Field f{key, [=](Config& c, const Ctx& x) { (c.*sec).*mem = get_enum<E>(x); },
             [=](const Config& c) { return json(enum_name((c.*sec).*mem)); }};
+    f.type = "enum";
+    f.choices = enum_choices<E>();
+    return f;
 }
 
 template <class S>
 Field int_array_field(const char* key, Sec<S> sec, std::vector<int> S::*mem, int64_t lo,
                       bool unique) {
-    return {key,
+    Field f{key,
             [=](Config& c, const Ctx& x) {
                 std::vector<int> out;
                 const auto& a = get_array(x);
@@ -311,12 +386,15 @@ Field int_array_field(const char* key, Sec<S> sec, std::vector<int> S::*mem, int
                 (c.*sec).*mem = std::move(out);
             },
             [=](const Config& c) { return json((c.*sec).*mem); }};
+    f.type =
+        "[" + int_type(lo, std::numeric_limits<int>::max()) + "]" + (unique ? ", no repeats" : "");
+    return f;
 }
 
 template <class S>
 Field float_array_field(const char* key, Sec<S> sec, std::vector<double> S::*mem, double lo,
                         double hi) {
-    return {key,
+    Field f{key,
             [=](Config& c, const Ctx& x) {
                 std::vector<double> out;
                 const auto& a = get_array(x);
@@ -326,6 +404,8 @@ Field float_array_field(const char* key, Sec<S> sec, std::vector<double> S::*mem
                 (c.*sec).*mem = std::move(out);
             },
             [=](const Config& c) { return json((c.*sec).*mem); }};
+    f.type = "[" + float_type(lo, hi) + "]";
+    return f;
 }
 
 template <class S>
@@ -344,6 +424,7 @@ Field string_array_field(const char* key, Sec<S> sec, std::vector<std::string> S
             },
             [=](const Config& c) { return json((c.*sec).*mem); }};
     f.is_string_array = true;
+    f.type = non_empty ? "[str], each non-empty" : "[str]";
     return f;
 }
 
@@ -364,6 +445,8 @@ Field enum_array_field(const char* key, Sec<S> sec, std::vector<E> S::*mem) {
                 return j;
             }};
     f.is_string_array = true;
+    f.type = "[enum]";
+    f.choices = enum_choices<E>();
     return f;
 }
 
@@ -395,12 +478,15 @@ const std::vector<Field>& fields() {
         std::vector<Field> f;
         f.push_back({"job", [](Config& c, const Ctx& x) { c.job = get_enum<C::Job>(x); },
                      [](const Config& c) { return json(enum_name(c.job)); }});
+        f.back().type = "enum";
+        f.back().choices = enum_choices<C::Job>();
 
         const auto model = &C::model;
         f.push_back(string_field("model.path", model, &C::ModelSection::path, check_non_empty));
         f.push_back(enum_field("model.backend", model, &C::ModelSection::backend));
         f.push_back(int_field("model.threads", model, &C::ModelSection::threads, 0));
         f.push_back(enum_field("model.dtype", model, &C::ModelSection::dtype));
+        f.push_back(bool_field("model.check_finite", model, &C::ModelSection::check_finite));
 
         const auto req = &C::request;
         using R = C::RequestSection;
@@ -412,6 +498,7 @@ const std::vector<Field>& fields() {
         f.push_back(string_field("request.question_file", req, &R::question_file));
         f.push_back(enum_field("request.template", req, &R::prompt_template));
         f.push_back(enum_field("request.chat_template", req, &R::chat_template));
+        f.push_back(string_field("request.reference", req, &R::reference));
 
         const auto chunk = &C::chunking;
         using K = C::ChunkingSection;
@@ -444,6 +531,9 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("parallel.exchange", par, &C::ParallelSection::exchange));
         f.push_back(
             int_field("parallel.emulate_ranks", par, &C::ParallelSection::emulate_ranks, 0));
+        f.push_back(float_field("parallel.timeout_s", par, &C::ParallelSection::timeout_s, 0.001));
+        f.push_back(float_field("parallel.startup_timeout_s", par,
+                                &C::ParallelSection::startup_timeout_s, 0.001));
 
         f.push_back(enum_field("ring.layout", &C::ring, &C::RingSection::layout));
         f.push_back(enum_field("ring.exchange", &C::ring, &C::RingSection::exchange));
@@ -480,6 +570,7 @@ const std::vector<Field>& fields() {
         f.push_back(int_field("bench.runs", bench, &B::runs, 1));
         f.push_back(int_field("bench.warmup", bench, &B::warmup, 0));
         f.push_back(int_field("bench.threads", bench, &B::threads, 0));
+        f.push_back(float_field("bench.spread_limit", bench, &B::spread_limit, 0.0));
 
         const auto store = &C::store;
         using St = C::StoreSection;
@@ -490,6 +581,7 @@ const std::vector<Field>& fields() {
 
         f.push_back(string_field("output.path", &C::output, &C::OutputSection::path));
         f.push_back(string_field("output.csv", &C::output, &C::OutputSection::csv));
+        f.push_back(string_field("output.name", &C::output, &C::OutputSection::name));
         return f;
     }();
     return table;
@@ -593,6 +685,12 @@ class Loader {
     void apply_set(const std::string& arg) {
         const size_t eq = arg.find('=');
         const std::string key = trim(eq == std::string::npos ? arg : arg.substr(0, eq));
+        if (invalid_utf8_at(arg) != std::string::npos) {
+            // The argument itself is not echoed: its bytes would corrupt the message.
+            check_utf8(arg, "--set " + (invalid_utf8_at(key) == std::string::npos
+                                            ? "'" + key + "=...'"
+                                            : std::string("argument")));
+        }
         if (eq == std::string::npos || key.empty()) {
             fail("--set '" + arg + "': expected section.key=value");
         }
@@ -808,9 +906,40 @@ void apply_overrides(Config& cfg, const std::vector<std::string>& sets) {
     cfg = std::move(tmp);
 }
 
+void check_implemented(const Config& c) {
+    // One line per planned feature; a line goes when its feature lands.
+    auto planned = [](bool hit, const std::string& what) {
+        if (hit) fail(what + ": not implemented yet (planned, see README.md)");
+    };
+    planned(c.method.name == Config::Method::reform, "method.name = \"reform\"");
+    planned(c.model.dtype != Config::DType::fp32,
+            std::string("model.dtype = \"") + enum_name(c.model.dtype) + "\" (fp32 only)");
+    for (const Config::Method m : c.niah.methods) {
+        planned(m == Config::Method::reform, "niah.methods: \"reform\"");
+    }
+    for (const Config::Method m : c.bench.methods) {
+        planned(m == Config::Method::reform, "bench.methods: \"reform\"");
+    }
+}
+
 std::vector<std::string> config_keys() {
     std::vector<std::string> out;
     for (const Field& f : fields()) out.push_back(f.key);
+    return out;
+}
+
+std::vector<ConfigKeyInfo> config_key_info() {
+    const json defaults = Config{}.to_json();
+    std::vector<ConfigKeyInfo> out;
+    for (const Field& f : fields()) {
+        const size_t dot = f.key.find('.');
+        const json& d = dot == std::string::npos
+                            ? defaults.at(f.key)
+                            : defaults.at(f.key.substr(0, dot)).at(f.key.substr(dot + 1));
+        IF_CHECK(!f.type.empty(),
+                 "config key '" << f.key << "' has no type text for the reference");
+        out.push_back({f.key, f.type, f.choices, d});
+    }
     return out;
 }
 
@@ -854,6 +983,7 @@ std::vector<std::string> read_documents_file(const std::string& path) {
         return docs;
     }
     const std::string text = read_file(path);
+    check_utf8(text, "documents file '" + path + "'");
     const std::string ext = lower(path);
     std::vector<std::string> docs;
     std::vector<std::string> lines;
@@ -924,6 +1054,7 @@ RequestText load_request_text(const Config::RequestSection& req) {
         req.documents_file.empty() ? req.documents : read_documents_file(req.documents_file);
     if (!req.question_file.empty()) {
         out.question = trim(read_file(req.question_file));
+        check_utf8(out.question, "question file '" + req.question_file + "'");
         if (out.question.empty()) fail("question file '" + req.question_file + "' is empty");
     } else {
         out.question = req.question;

@@ -54,6 +54,7 @@ struct Config {
         Backend backend = Backend::cpu;
         int threads = 2;            // CPU threads per rank; 0 = all cores (OpenMP default)
         DType dtype = DType::fp32;  // compute type of weights and activations
+        bool check_finite = true;   // reject NaN/Inf in the loaded weights, naming the tensor
     };
     struct RequestSection {
         std::string system;                  // system prompt (part of chunk 0)
@@ -63,6 +64,9 @@ struct Config {
         std::string question_file;                // whole file, trailing whitespace trimmed
         Template prompt_template = Template::qa;  // key: request.template
         ChatTemplate chat_template = ChatTemplate::automatic;
+        // Expected answer, printed next to the model's; a run "matches" when the answer
+        // contains it (case-insensitive). Empty = none.
+        std::string reference;
     };
     struct ChunkingSection {
         ChunkMode mode = ChunkMode::passage;
@@ -95,7 +99,9 @@ struct Config {
     struct ParallelSection {
         Comm comm = Comm::automatic;
         Exchange exchange = Exchange::kv;
-        int emulate_ranks = 0;  // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+        int emulate_ranks = 0;     // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+        double timeout_s = 600.0;  // a peer that does not arrive ends the job (§11)
+        double startup_timeout_s = 300.0;  // the same until the start-up checks are done
     };
     struct RingSection {
         RingLayout layout = RingLayout::zigzag;
@@ -129,6 +135,8 @@ struct Config {
         int runs = 5;     // timed runs, median reported, >= 1
         int warmup = 1;   // >= 0
         int threads = 0;  // CPU threads per rank for the benchmark; 0 = model.threads
+        // A row whose (max - min) / median TTFT exceeds this is flagged as noisy.
+        double spread_limit = 0.25;
     };
     // The document KV store (DESIGN §8; layout in docs/store.md). Replaces the former [cache]
     // section (cache.path, cache.build_from), which is no longer accepted.
@@ -141,6 +149,9 @@ struct Config {
     struct OutputSection {
         std::string path;  // results JSON (also --out)
         std::string csv;   // table rows as CSV
+        // File stem of the results under `--results-dir DIR` (DIR/NAME.json and its CSV twin);
+        // empty = the config file's name without its extension.
+        std::string name;
     };
 
     Job job = Job::answer;
@@ -210,8 +221,25 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 // a TOML value is taken as a string, and so is any value given to a string key.
 void apply_overrides(Config& cfg, const std::vector<std::string>& sets);
 
+// Rejects values the config can name but this build does not run yet (method "reform", backend
+// "cuda", comm "nccl", compute types other than fp32): an
+// Error "KEY = VALUE: not implemented yet (planned, ...)". The loaders accept those values so
+// configs and their JSON round-trip; the command line (load_config_from_cli) calls this.
+void check_implemented(const Config& cfg);
+
 // Every key the loader knows, "job" and "section.key", in to_json order.
 std::vector<std::string> config_keys();
+
+// One key as the loader defines it, for the generated reference (docs/config.md,
+// `infoflow_sp --print-config-reference`).
+struct ConfigKeyInfo {
+    std::string key;       // "job" or "section.key"
+    std::string type;      // accepted type and range: "str", "bool", "int >= 0", "[enum]", ...
+    std::string choices;   // enum spellings "a|b|c" for enum keys; empty otherwise
+    nlohmann::json value;  // the default, as in to_json (null: unset)
+};
+// Every key in config_keys() order.
+std::vector<ConfigKeyInfo> config_key_info();
 
 // Scoring layers for a model of `n_layer` layers (DESIGN §3.3): `layers` when non-empty (each
 // must be < n_layer, else an error naming scoring.layers); otherwise [22, 23, 24, 25] when

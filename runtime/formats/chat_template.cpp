@@ -62,7 +62,11 @@ ChatTemplate::ChatTemplate(const Tokenizer& tok, const std::string& name) : tok_
         } else if (has_token("<|im_start|>") && has_token("<|im_end|>")) {
             kind = "chatml";
         } else {
-            kind = "raw";
+            // Guessing would silently change the prompt the model was trained on.
+            IF_FAIL(
+                "the model's chat template is neither ChatML nor Llama-3, so "
+                "request.chat_template = \"auto\" cannot pick one: set "
+                "request.chat_template to \"chatml\", \"llama3\" or \"raw\" (no template)");
         }
     }
     if (kind == "chatml" || kind == "qwen" || kind == "smollm2") {

@@ -26,7 +26,8 @@ enum class ChatFormat { raw, chatml, llama3 };
 
 class ChatTemplate {
   public:
-    // name: "auto" (detect), "chatml", "smollm2" (ChatML + SmolLM2's default system prompt),
+    // name: "auto" (detect ChatML or Llama-3 from the model file; an error when it is neither),
+    // "chatml", "smollm2" (ChatML + SmolLM2's default system prompt),
     // "qwen" (= chatml), "llama3", "raw". The tokenizer must outlive the template.
     explicit ChatTemplate(const Tokenizer& tok, const std::string& name = "auto");
 

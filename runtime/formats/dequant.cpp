@@ -117,6 +117,7 @@ bool ggml_type_quantizable(uint32_t type) {
 // ---- dequantization ------------------------------------------------------------------------
 
 void dequantize_row_f32(const uint8_t* src, float* dst, int64_t n) {
+    if (n == 0) return;  // src/dst may be null for an empty tensor (memcpy needs valid pointers)
     std::memcpy(dst, src, size_t(n) * 4);
 }
 
@@ -400,7 +401,7 @@ void quantize_row(uint32_t type, const float* src, uint8_t* dst, int64_t n) {
     check_blocks(n, ggml_block_elems(type), type);
     switch (GgmlType(type)) {
         case GgmlType::F32:
-            std::memcpy(dst, src, size_t(n) * 4);
+            if (n > 0) std::memcpy(dst, src, size_t(n) * 4);  // empty: pointers may be null
             break;
         case GgmlType::F16:
             quantize_row_f16_ref(src, dst, n);

@@ -185,6 +185,7 @@ const uint8_t* SafetensorsFile::tensor_data(const SafetensorsTensorInfo& t) cons
 void SafetensorsFile::read_f32(const SafetensorsTensorInfo& t, float* dst) const {
     const uint8_t* src = tensor_data(t);
     const int64_t n = t.numel();
+    if (n == 0) return;  // an empty tensor: dst may be null (memcpy needs valid pointers)
     if (t.dtype == "F32") {
         std::memcpy(dst, src, size_t(n) * 4);
     } else if (t.dtype == "F16") {

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -873,6 +874,18 @@ Tokenizer Tokenizer::from_hf_dir(const std::string& dir) {
 }
 
 Tokenizer Tokenizer::from_hf_json(const std::string& path, const std::string& config_path) {
+    // A field of an unexpected JSON type (a number where a string belongs, ...) surfaces as a
+    // JSON library exception; it must name the file like every other error.
+    try {
+        return from_hf_json_unchecked(path, config_path);
+    } catch (const json::exception& e) {
+        IF_FAIL(path << (config_path.empty() ? "" : " / " + config_path)
+                     << ": a field has an unexpected JSON type or value: " << e.what());
+    }
+}
+
+Tokenizer Tokenizer::from_hf_json_unchecked(const std::string& path,
+                                            const std::string& config_path) {
     json root = read_json_file(path);
     IF_CHECK(root.is_object(), path << ": top level is not a JSON object");
     IF_CHECK(root.contains("model") && root["model"].is_object(),
@@ -922,6 +935,14 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path, const std::string& co
         }
     }
     IF_CHECK(max_id >= 0, path << ": model.vocab is empty");
+    // Ids size the vocabulary: a stray huge id must not size an allocation. Real vocabularies
+    // are dense (added tokens follow the model's vocab, with small gaps at most).
+    const int64_t k_id_slack = 65536;
+    const int64_t id_limit =
+        std::min<int64_t>(int64_t(by_id.size()) * 2 + k_id_slack, INT32_MAX - 1);
+    IF_CHECK(max_id < id_limit, path << ": token id " << max_id << " is far beyond the "
+                                     << by_id.size() << " tokens listed (ids must be below "
+                                     << id_limit << ": model.vocab and added_tokens are dense)");
     const size_t n = static_cast<size_t>(max_id) + 1;
     s.tokens.resize(n);
     s.types.assign(n, TokenType::unused);  // ids nobody claims

@@ -75,6 +75,9 @@ class Tokenizer {
 
   private:
     explicit Tokenizer(std::unique_ptr<Impl> impl);
+    // from_hf_json without the conversion of JSON library errors into errors naming the file.
+    static Tokenizer from_hf_json_unchecked(const std::string& tokenizer_json_path,
+                                            const std::string& config_path);
     std::unique_ptr<Impl> impl_;
 };
 

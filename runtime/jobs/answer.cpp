@@ -1,14 +1,30 @@
 // job = "answer": one request through one method; prints the answer, per-phase times and the
 // selected fraction; returns the DESIGN §9 JSON.
+#include <cctype>
+#include <cmath>
 #include <cstdio>
 
 #include "runtime/core/error.h"
+#include "runtime/core/progress.h"
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/session.h"
 #include "runtime/model/sampling.h"
 #include "runtime/parallel/run.h"
 
 namespace infoflow {
+
+namespace {
+
+std::string lower(std::string s) {
+    for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+}  // namespace
+
+bool answer_matches(const std::string& answer, const std::string& reference) {
+    return !reference.empty() && lower(answer).find(lower(reference)) != std::string::npos;
+}
 
 nlohmann::json method_result_json(const MethodResult& r, const Session& s, const Config& cfg,
                                   int ranks) {
@@ -72,6 +88,14 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
 nlohmann::json run_answer(const Config& cfg, Session& s) {
     const RequestText text = load_request_text(cfg.request);
     const PreparedRequest req = prepare_request(s.tok(), s.chat_template(), text, cfg);
+    const Config::Method m = cfg.method.name;
+    const bool selects = m == Config::Method::infoflow || m == Config::Method::cacheblend;
+    const int T = req.context_tokens();
+    progress::set_tokens(T, int(req.suffix.size()),
+                         selects ? int(std::floor(cfg.method.ratio * T)) : 0);
+    progress::note(std::string("method ") + to_string(m) + ": " + std::to_string(T) +
+                   " context tokens in " + std::to_string(req.n_chunks()) + " chunks, " +
+                   std::to_string(req.suffix.size()) + " suffix tokens");
     const MethodResult r = run_request(*s.model, req, cfg, *s.comm, s.tok().stop_ids());
     if (s.comm->rank() != 0) return nlohmann::json();
     const std::string answer = s.tok().decode(r.answer);
@@ -106,10 +130,27 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
     std::printf("\nmoved      : %.3f MB sent, %.3f MB received (all ranks)\n", sent / 1e6,
                 recv / 1e6);
     std::printf("TTFT       : %.1f ms\n", r.ttft_ms);
+    for (const PhaseTime& p : r.phases) {
+        if (p.name == "decode" && r.answer.size() > 1 && p.ms > 0) {
+            // The first answer token comes with the suffix prefill; decode makes the rest.
+            std::printf("decode     : %zu tokens, %.1f tok/s\n", r.answer.size() - 1,
+                        (r.answer.size() - 1) / (p.ms / 1000.0));
+        }
+    }
     std::printf("question   : %s\n", text.question.c_str());
     std::printf("answer     : %s\n", answer.c_str());
+    const std::string& ref = cfg.request.reference;
+    if (!ref.empty()) {
+        std::printf("reference  : %s  (%s)\n", ref.c_str(),
+                    answer_matches(answer, ref) ? "match: the answer contains it"
+                                                : "NO MATCH: the answer does not contain it");
+    }
     std::fflush(stdout);
-    return method_result_json(r, s, cfg, r.ranks);
+    nlohmann::json j = method_result_json(r, s, cfg, r.ranks);
+    j["reference"] = ref.empty()
+                         ? nlohmann::json(nullptr)
+                         : nlohmann::json{{"text", ref}, {"match", answer_matches(answer, ref)}};
+    return j;
 }
 
 }  // namespace infoflow

@@ -2,9 +2,11 @@
 // the job's ranks, in the layout of the paper's Table 5: single-rank full prefill (rank 0 alone,
 // the other ranks idle), ring attention (zigzag and contiguous p2p; plus the all-gather variant
 // when ring.exchange = "allgather"), InfoFlow ("kv" and
-// "exact" exchange). Warm-up runs, then the median of bench.runs; bytes moved per rank per layer
-// and the phase breakdown. Requests are synthetic token ids (speed does not depend on them);
-// chunking follows [chunking] (fixed chunks of chunking.size, or one chunk per rank when unset).
+// "exact" exchange). Warm-up runs, then min / median / max of bench.runs (a row whose spread
+// exceeds bench.spread_limit is flagged); bytes moved per rank per layer and the phase
+// breakdown. Writes nothing unless output.path / --out / --results-dir asks (CSV next to it).
+// Requests are synthetic token ids (speed does not depend on them); chunking follows [chunking]
+// (fixed chunks of chunking.size, or one chunk per rank when unset).
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -13,6 +15,8 @@
 #include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/progress.h"
+#include "runtime/jobs/job_report.h"
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/session.h"
 #include "runtime/parallel/run.h"
@@ -100,7 +104,9 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
     }
 
     json rows = json::array();
-    std::vector<std::string> lines;
+    progress::set_phase_lines(false);
+    progress::Sweep sweep("bench-ttft measurements",
+                          int(base.bench.lengths.size() * variants.size()));
     for (int tokens : base.bench.lengths) {
         const PreparedRequest req = synthetic_request(tokens, mc.n_vocab, base, P, 1234 + tokens);
         double single_ms = 0.0, ring_ms = 0.0;
@@ -137,6 +143,10 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                 bytes_per_layer_mean = r.ranks > 0 ? all / r.ranks / mc.n_layer : 0.0;
             }
             const double med = median(ttft);
+            const double lo = ttft.empty() ? 0.0 : *std::min_element(ttft.begin(), ttft.end());
+            const double hi = ttft.empty() ? 0.0 : *std::max_element(ttft.begin(), ttft.end());
+            const double spread = med > 0 ? (hi - lo) / med : 0.0;
+            const bool noisy = spread > base.bench.spread_limit;
             if (v.label == "single") single_ms = med;
             if (v.label == "ring/zigzag") ring_ms = med;
             json row = {
@@ -149,6 +159,11 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                 {"threads_per_rank", threads},
                 {"runs", base.bench.runs},
                 {"ttft_ms", med},
+                {"ttft_min_ms", lo},
+                {"ttft_max_ms", hi},
+                {"ttft_runs_ms", ttft},
+                {"spread", spread},
+                {"noisy", noisy},
                 {"speedup_vs_single", single_ms > 0 ? json(single_ms / med) : json(nullptr)},
                 {"speedup_vs_ring", ring_ms > 0 ? json(ring_ms / med) : json(nullptr)},
                 {"bytes_per_rank_per_layer", bytes_per_layer},
@@ -157,20 +172,26 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             for (const auto& name : phase_order) phases[name] = median(phase_ms[name]);
             row["phases_ms"] = phases;
             rows.push_back(row);
+            sweep.step();
             if (root) {
-                std::printf("  %6d tokens  %-16s %10.1f ms\n",
-                            req.context_tokens() + int(req.suffix.size()), v.label.c_str(), med);
+                std::printf("  %6d tokens  %-16s %10.1f ms (min %.1f, max %.1f)%s\n",
+                            req.context_tokens() + int(req.suffix.size()), v.label.c_str(), med, lo,
+                            hi, noisy ? "  ! noisy" : "");
                 std::fflush(stdout);
             }
         }
     }
 
     if (root) {
-        std::printf("\nTTFT (%s, %d rank%s, %d thread%s per rank, ratio %.2f, median of %d)\n",
-                    s.weights->source.c_str(), P, P > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
-                    base.method.ratio, base.bench.runs);
-        std::printf("%7s  %-16s %5s %11s %9s %9s %14s  %s\n", "tokens", "method", "ranks",
-                    "TTFT ms", "vs single", "vs ring", "bytes/rk/layer", "phases (ms)");
+        std::printf(
+            "\nTTFT (%s, %d rank%s, %d thread%s per rank, ratio %.2f, %d runs: min / median / "
+            "max)\n",
+            s.weights->source.c_str(), P, P > 1 ? "s" : "", threads, threads > 1 ? "s" : "",
+            base.method.ratio, base.bench.runs);
+        std::printf("%7s  %-16s %5s %9s %9s %9s %7s %9s %9s %14s  %s\n", "tokens", "method",
+                    "ranks", "min ms", "median ms", "max ms", "spread", "vs single", "vs ring",
+                    "bytes/rk/layer", "phases (median ms)");
+        int n_noisy = 0;
         for (const json& row : rows) {
             std::string ph;
             for (auto it = row["phases_ms"].begin(); it != row["phases_ms"].end(); ++it) {
@@ -184,17 +205,29 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                 std::snprintf(buf, sizeof buf, "%.2fx", x.get<double>());
                 return std::string(buf);
             };
-            std::printf("%7d  %-16s %5d %11.1f %9s %9s %14.0f  %s\n", row["tokens"].get<int>(),
-                        row["method"].get<std::string>().c_str(), row["ranks"].get<int>(),
-                        row["ttft_ms"].get<double>(), ratio(row["speedup_vs_single"]).c_str(),
+            const bool noisy = row["noisy"].get<bool>();
+            n_noisy += noisy;
+            std::printf("%7d  %-16s %5d %9.1f %9.1f %9.1f %6.0f%%%s %9s %9s %14.0f  %s\n",
+                        row["tokens"].get<int>(), row["method"].get<std::string>().c_str(),
+                        row["ranks"].get<int>(), row["ttft_min_ms"].get<double>(),
+                        row["ttft_ms"].get<double>(), row["ttft_max_ms"].get<double>(),
+                        100.0 * row["spread"].get<double>(), noisy ? "!" : " ",
+                        ratio(row["speedup_vs_single"]).c_str(),
                         ratio(row["speedup_vs_ring"]).c_str(),
                         row["bytes_per_rank_per_layer"].get<double>(), ph.c_str());
         }
+        if (n_noisy > 0) {
+            std::printf(
+                "! %d row%s with spread > %.0f%% (bench.spread_limit): the machine was "
+                "busy or the runs are too few; speedups from these rows are unreliable\n",
+                n_noisy, n_noisy > 1 ? "s" : "", 100.0 * base.bench.spread_limit);
+        }
         for (const json& row : rows) std::printf("%s\n", row.dump().c_str());
-        if (!base.output.csv.empty()) {
+        const std::string csv_file = csv_path(base);
+        if (!csv_file.empty()) {
             std::string csv =
                 "tokens,method,ranks,threads_per_rank,ttft_ms,speedup_vs_single,speedup_vs_ring,"
-                "bytes_per_rank_per_layer\n";
+                "bytes_per_rank_per_layer,ttft_min_ms,ttft_max_ms,spread,noisy\n";
             for (const json& row : rows) {
                 char buf[256];
                 std::snprintf(buf, sizeof buf, "%d,%s,%d,%d,%.3f,%s,%s,%.0f\n",
@@ -208,9 +241,16 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                                   ? ""
                                   : std::to_string(row["speedup_vs_ring"].get<double>()).c_str(),
                               row["bytes_per_rank_per_layer"].get<double>());
-                csv += buf;
+                std::string line = buf;
+                line.pop_back();  // the newline; the spread columns follow
+                std::snprintf(buf, sizeof buf, ",%.3f,%.3f,%.4f,%s\n",
+                              row["ttft_min_ms"].get<double>(), row["ttft_max_ms"].get<double>(),
+                              row["spread"].get<double>(),
+                              row["noisy"].get<bool>() ? "true" : "false");
+                csv += line + buf;
             }
-            write_file_atomic(base.output.csv, csv);
+            write_file_atomic(csv_file, csv);
+            std::printf("csv        : %s\n", csv_file.c_str());
         }
     }
     return {{"job", "bench-ttft"}, {"rows", rows}, {"config", cfg_in.to_json()}};

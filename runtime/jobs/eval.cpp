@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <map>
 
+#include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/progress.h"
 #include "runtime/jobs/job_report.h"
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/qa_metrics.h"
@@ -39,6 +41,29 @@ int truncate_middle(std::vector<std::string>& passages, std::vector<int>& counts
         ++dropped;
     }
     return dropped;
+}
+
+// The sample's request: its passages as documents, its input as the question; passages
+// dropped from the middle until it fits the model's `n_ctx` positions with the answer.
+PreparedRequest fit_request(const EvalSample& sample, const Config& cfg, const Tokenizer& tok,
+                            const ChatTemplate& chat, int n_ctx, int* n_passages, int* dropped) {
+    const InstructionText ins = instruction_text(cfg.request.prompt_template);
+    RequestText text{cfg.request.system, split_passages(sample.context), sample.input};
+    *n_passages = int(text.documents.size());
+    // Positions left for the documents once chunk 0, the suffix and the answer are placed.
+    const PreparedRequest skeleton =
+        prepare_request(tok, chat, RequestText{text.system, {}, text.question}, cfg);
+    const int budget = n_ctx - int(skeleton.chunks[0].size()) - int(skeleton.suffix.size()) -
+                       cfg.decode.max_new_tokens;
+    std::vector<int> counts;
+    for (const auto& d : text.documents) {
+        counts.push_back(int(chat.text(d + ins.doc_separator).size()));
+    }
+    *dropped = truncate_middle(text.documents, counts, budget);
+    IF_CHECK(!text.documents.empty(), cfg.eval.data_file << ":" << sample.line
+                                                         << ": no passage fits the model's "
+                                                         << n_ctx << " positions");
+    return prepare_request(tok, chat, text, cfg);
 }
 
 }  // namespace
@@ -97,7 +122,6 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
         read_eval_samples(cfg.eval.data_file, cfg.eval.max_samples);
     IF_CHECK(!samples.empty(), "eval.data_file '" << cfg.eval.data_file << "' has no samples");
     const std::vector<MethodVariant> variants = eval_variants(cfg);
-    const InstructionText ins = instruction_text(cfg.request.prompt_template);
     const int n_ctx = s.model->config().n_ctx_train;
 
     std::printf("eval       : %s, %zu samples, task '%s', metric qa_f1\n",
@@ -113,115 +137,63 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
     std::map<std::string, LabelStats> stats;
     const int n_runs = int(samples.size() * variants.size());
     int done = 0;
+    // Each finished row goes to <out>.jsonl at once; per-phase progress lines would drown the
+    // per-case lines, so the sweep reports cases (done/total, ETA) instead.
+    // Rank 0 only (a session without a communicator is a single process).
+    RowLog row_log(!s.comm || s.comm->rank() == 0 ? jsonl_path(cfg) : std::string());
+    if (!row_log.path().empty()) {
+        std::printf("rows       : %s (one line per finished run)\n", row_log.path().c_str());
+    }
+    progress::set_phase_lines(false);
+    progress::Sweep sweep("", n_runs);
     for (size_t si = 0; si < samples.size(); ++si) {
         const EvalSample& sample = samples[si];
-        RequestText text{cfg.request.system, split_passages(sample.context), sample.input};
-        const int n_passages = int(text.documents.size());
-        // Positions left for the documents once chunk 0, the suffix and the answer are placed.
-        const PreparedRequest skeleton =
-            prepare_request(tok, chat, RequestText{text.system, {}, text.question}, cfg);
-        const int budget = n_ctx - int(skeleton.chunks[0].size()) - int(skeleton.suffix.size()) -
-                           cfg.decode.max_new_tokens;
-        std::vector<int> counts;
-        for (const auto& d : text.documents) {
-            counts.push_back(int(chat.text(d + ins.doc_separator).size()));
-        }
-        const int dropped = truncate_middle(text.documents, counts, budget);
-        IF_CHECK(!text.documents.empty(), cfg.eval.data_file << ":" << sample.line
-                                                             << ": no passage fits the model's "
-                                                             << n_ctx << " positions");
-        const PreparedRequest req = prepare_request(tok, chat, text, cfg);
+        int n_passages = 0, dropped = 0;
+        const PreparedRequest req =
+            fit_request(sample, cfg, tok, chat, n_ctx, &n_passages, &dropped);
         const int T = req.context_tokens();
-
-        MethodResult ref;
-        for (size_t vi = 0; vi < variants.size(); ++vi) {
-            const MethodVariant& v = variants[vi];
-            MethodResult r = run_method(*s.model, req, variant_config(cfg, v), tok.stop_ids());
-            if (vi == 0) ref = r;  // variants[0] is full
-            const RunComparison cmp = compare_runs(ref, r, T);
-            const std::string answer = tok.decode(r.answer);
-            const double f1 = qa_f1_max(answer, sample.answers);
-
-            json row;
+        run_case(s, cfg, variants, req, rows, &row_log, [&](const CaseRun& run, json& row) {
+            const double f1 = qa_f1_max(run.answer, sample.answers);
             row["index"] = si;
             row["id"] = sample.id;
             row["length"] = sample.length >= 0 ? json(sample.length) : json(nullptr);
-            row["context_tokens"] = T;
-            row["suffix_tokens"] = r.suffix_tokens;
             row["n_passages"] = n_passages;
             row["passages_dropped"] = dropped;
-            row["method"] = v.label;
-            row["reference"] = vi == 0;
-            row["answer"] = answer;
-            row["answer_ids"] = r.answer;
             row["answers"] = sample.answers;
             row["f1"] = f1;
-            put_comparison(row, r, cmp);
-            rows.push_back(row);
-
-            LabelStats& st = stats[v.label];
-            st.add(r, cmp);
+            LabelStats& st = stats[run.variant->label];
+            st.add(*run.result, run.cmp);
             st.f1 += f1;
-
             ++done;
+            sweep.step();
             std::printf(
                 "[eval %*d/%d] sample %zu (T %d%s) %-24s F1 %.3f  top1 %s  KL %.4f  "
-                "TTFT %8.1f ms  answer \"%s\"\n",
+                "TTFT %8.1f ms  ETA %s  answer \"%s\"\n",
                 int(std::to_string(n_runs).size()), done, n_runs, si, T,
                 dropped ? (", " + std::to_string(dropped) + " passages dropped").c_str() : "",
-                v.label.c_str(), f1, cmp.top1_agree ? "=" : "x", cmp.kl, r.ttft_ms,
-                one_line(answer).c_str());
+                run.variant->label.c_str(), f1, run.cmp.top1_agree ? "=" : "x", run.cmp.kl,
+                run.result->ttft_ms, sweep.eta().c_str(), one_line(run.answer).c_str());
             std::fflush(stdout);
-        }
+        });
     }
 
-    json summary = json::array();
-    std::vector<std::vector<std::string>> table;
+    JobSummary summary;
     for (const auto& v : variants) {
         const LabelStats& st = stats[v.label];
         const double n = std::max(1, st.runs);
-        json row = st.summary(v.label, v.method == Config::Method::full);
+        json& row = summary.add(v, st, {fmt("%.2f", 100.0 * st.f1 / n)}, {});
         row["samples"] = st.runs;
         row["mean_f1"] = st.f1 / n;
         row["score"] = 100.0 * st.f1 / n;
-        summary.push_back(row);
-        table.push_back(
-            {v.label + (v.method == Config::Method::full ? " (ref)" : ""), std::to_string(st.runs),
-             fmt("%.2f", 100.0 * st.f1 / n), fmt("%.3f", st.top1 / n), fmt("%.4f", st.kl / n),
-             fmt("%.3f", st.exact / n), fmt("%.3f", st.selected / n), fmt("%.1f", st.ttft / n)});
     }
-    const double wall_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    std::printf("\n");
-    print_table({"method", "samples", "F1 x100", "top1 agree", "mean KL", "exact match", "selected",
-                 "TTFT ms"},
-                table);
-    std::printf("wall time  : %.1f s\n", wall_s);
-
-    json out;
-    out["job"] = "eval";
+    json out = finish_report("eval", cfg, s, t_start, std::move(rows), std::move(summary),
+                             summary_header("samples", {"F1 x100"}, {}),
+                             {"index", "id", "context_tokens", "passages_dropped", "method",
+                              "reference", "f1", "top1_agree", "kl", "exact_match",
+                              "selected_fraction", "ttft_ms", "answer", "answers", "phases"});
     out["task"] = cfg.eval.task;
     out["metric"] = "qa_f1";
     out["data_file"] = cfg.eval.data_file;
-    out["model"] = s.weights->source;
-    out["backend"] = s.backend->name();
-    out["ranks"] = 1;
-    out["reference"] = "full";
-    out["wall_s"] = wall_s;
-    out["rows"] = rows;
-    out["summary"] = summary;
-    out["config"] = cfg.to_json();
-
-    const std::string csv = csv_path(cfg);
-    if (!csv.empty()) {
-        write_file_atomic(
-            csv,
-            rows_to_csv(rows, {"index", "id", "context_tokens", "passages_dropped", "method",
-                               "reference", "f1", "top1_agree", "kl", "exact_match",
-                               "selected_fraction", "ttft_ms", "answer", "answers", "phases"}));
-        std::printf("csv        : %s\n", csv.c_str());
-    }
-    std::fflush(stdout);
     return out;
 }
 

@@ -1,8 +1,15 @@
 #include "runtime/jobs/job_report.h"
 
-#include <algorithm>
-#include <cstdio>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "runtime/core/error.h"
+#include "runtime/core/fs.h"
 #include "runtime/jobs/qa_metrics.h"
 
 namespace infoflow {
@@ -139,6 +146,41 @@ std::string csv_path(const Config& cfg) {
     return p + ".csv";
 }
 
+std::string jsonl_path(const Config& cfg) {
+    const std::string& p = cfg.output.path;
+    if (p.empty()) return "";
+    const size_t slash = p.find_last_of('/');
+    const size_t dot = p.find_last_of('.');
+    if (dot != std::string::npos && (slash == std::string::npos || dot > slash + 1)) {
+        return p.substr(0, dot) + ".jsonl";
+    }
+    return p + ".jsonl";
+}
+
+RowLog::RowLog(std::string path) : path_(std::move(path)) {
+    if (path_.empty()) return;
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    IF_CHECK(fd_ >= 0, "cannot write rows to '" << path_ << "': " << std::strerror(errno));
+}
+
+RowLog::~RowLog() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+void RowLog::append(const nlohmann::json& row) {
+    if (fd_ < 0) return;
+    // One write per row: with O_APPEND the line lands whole or not at all on a local disk.
+    const std::string line = row.dump() + "\n";
+    size_t done = 0;
+    while (done < line.size()) {
+        const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        IF_CHECK(n > 0, "cannot write rows to '" << path_ << "': " << std::strerror(errno));
+        done += size_t(n);
+    }
+    ::fsync(fd_);
+}
+
 void print_table(const std::vector<std::string>& header,
                  const std::vector<std::vector<std::string>>& rows) {
     std::vector<size_t> w(header.size());
@@ -218,6 +260,93 @@ std::string fmt(const char* format, double x) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), format, x);
     return buf;
+}
+
+void run_case(Session& s, const Config& cfg, const std::vector<MethodVariant>& variants,
+              const PreparedRequest& req, nlohmann::json& rows, RowLog* row_log,
+              const CaseVisitor& visit) {
+    const Tokenizer& tok = s.tok();
+    const int T = req.context_tokens();
+    MethodResult ref;
+    for (size_t vi = 0; vi < variants.size(); ++vi) {
+        const MethodVariant& v = variants[vi];
+        const MethodResult r = run_method(*s.model, req, variant_config(cfg, v), tok.stop_ids());
+        if (vi == 0) ref = r;  // variants[0] is full
+        CaseRun run;
+        run.index = vi;
+        run.variant = &v;
+        run.result = &r;
+        run.cmp = compare_runs(ref, r, T);
+        run.answer = tok.decode(r.answer);
+        nlohmann::json row;
+        row["context_tokens"] = T;
+        row["suffix_tokens"] = r.suffix_tokens;
+        row["method"] = v.label;
+        row["reference"] = vi == 0;
+        row["answer"] = run.answer;
+        row["answer_ids"] = r.answer;
+        put_comparison(row, r, run.cmp);
+        visit(run, row);
+        rows.push_back(row);
+        if (row_log) row_log->append(row);
+    }
+}
+
+nlohmann::json& JobSummary::add(const MethodVariant& v, const RunTotals& st,
+                                const std::vector<std::string>& lead,
+                                const std::vector<std::string>& tail) {
+    const double n = std::max(1, st.runs);
+    const bool ref = v.method == Config::Method::full;
+    std::vector<std::string> cells = {v.label + (ref ? " (ref)" : ""), std::to_string(st.runs)};
+    cells.insert(cells.end(), lead.begin(), lead.end());
+    for (const std::string& x : {fmt("%.3f", st.top1 / n), fmt("%.4f", st.kl / n),
+                                 fmt("%.3f", st.exact / n), fmt("%.3f", st.selected / n)}) {
+        cells.push_back(x);
+    }
+    cells.insert(cells.end(), tail.begin(), tail.end());
+    cells.push_back(fmt("%.1f", st.ttft / n));
+    table.push_back(cells);
+    rows.push_back(st.summary(v.label, ref));
+    return rows.back();
+}
+
+std::vector<std::string> summary_header(const std::string& runs,
+                                        const std::vector<std::string>& lead,
+                                        const std::vector<std::string>& tail) {
+    std::vector<std::string> h = {"method", runs};
+    h.insert(h.end(), lead.begin(), lead.end());
+    for (const char* x : {"top1 agree", "mean KL", "exact match", "selected"}) h.push_back(x);
+    h.insert(h.end(), tail.begin(), tail.end());
+    h.push_back("TTFT ms");
+    return h;
+}
+
+nlohmann::json finish_report(const std::string& job, const Config& cfg, const Session& s,
+                             std::chrono::steady_clock::time_point t_start, nlohmann::json rows,
+                             JobSummary summary, const std::vector<std::string>& header,
+                             const std::vector<std::string>& csv_columns) {
+    const double wall_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    std::printf("\n");
+    print_table(header, summary.table);
+    std::printf("wall time  : %.1f s\n", wall_s);
+    const std::string csv = csv_path(cfg);
+    if (!csv.empty()) {
+        write_file_atomic(csv, rows_to_csv(rows, csv_columns));
+        std::printf("csv        : %s\n", csv.c_str());
+    }
+    std::fflush(stdout);
+    nlohmann::json out;
+    out["job"] = job;
+    out["model"] = s.weights->source;
+    out["backend"] = s.backend->name();
+    out["ranks"] = 1;
+    out["reference"] = "full";
+    out["wall_s"] = wall_s;
+    out["rows"] = std::move(rows);
+    out["summary"] = std::move(summary.rows);
+    out["config"] = cfg.to_json();
+    return out;
 }
 
 }  // namespace infoflow

@@ -25,6 +25,9 @@ nlohmann::json run_eval(const Config& cfg, Session& s);
 // job = "cache-build": prefills every document once into the KV store (store.path).
 nlohmann::json run_cache_build(const Config& cfg, Session& s);
 
+// True when `answer` contains the non-empty `reference`, ignoring case (request.reference).
+bool answer_matches(const std::string& answer, const std::string& reference);
+
 // The JSON form of one method run (DESIGN §9, job "answer").
 nlohmann::json method_result_json(const MethodResult& r, const Session& s, const Config& cfg,
                                   int ranks);

@@ -11,8 +11,10 @@
 #include <cstdio>
 #include <map>
 
+#include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/progress.h"
 #include "runtime/jobs/haystack.h"
 #include "runtime/jobs/job_report.h"
 #include "runtime/jobs/jobs.h"
@@ -51,6 +53,36 @@ double needle_recall(const PreparedRequest& req, const MethodResult& r, int begi
     return double(hit) / double(end - begin);
 }
 
+// The filler's paragraphs; it must have text and must not contain the answer.
+std::vector<std::string> filler_paragraphs(const Config::NiahSection& nc,
+                                           const std::string& filler_name) {
+    const std::string filler =
+        nc.filler_file.empty() ? builtin_filler() : read_file(nc.filler_file);
+    IF_CHECK(filler.find(nc.answer) == std::string::npos,
+             "niah.filler_file '" << filler_name << "' contains the answer '" << nc.answer
+                                  << "': the needle must be the only place it appears");
+    std::vector<std::string> paragraphs = split_paragraphs(filler);
+    IF_CHECK(!paragraphs.empty(), "niah.filler_file '" << filler_name << "' has no text");
+    return paragraphs;
+}
+
+// Every niah.lengths entry holds the prompt prefix and the needle, and fits the model's
+// positions with the suffix and the answer.
+void check_lengths(const Config& cfg, const Session& s, int prefix_tokens, int suffix_tokens) {
+    const Config::NiahSection& nc = cfg.niah;
+    const int n_ctx = s.model->config().n_ctx_train;
+    for (int L : nc.lengths) {
+        IF_CHECK(L > prefix_tokens + 2 * int(s.tok().encode(nc.needle).size()),
+                 "niah.lengths: " << L << " tokens is too short for the prompt prefix ("
+                                  << prefix_tokens << " tokens) and the needle");
+        IF_CHECK(L + suffix_tokens + cfg.decode.max_new_tokens <= n_ctx,
+                 "niah.lengths: " << L << " context tokens + suffix " << suffix_tokens
+                                  << " + decode.max_new_tokens " << cfg.decode.max_new_tokens
+                                  << " exceed the " << n_ctx << " positions of the model ("
+                                  << s.weights->source << ")");
+    }
+}
+
 }  // namespace
 
 nlohmann::json run_niah(const Config& cfg, Session& s) {
@@ -64,13 +96,7 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
 
     const std::string filler_name =
         nc.filler_file.empty() ? std::string("<built-in filler>") : nc.filler_file;
-    const std::string filler =
-        nc.filler_file.empty() ? builtin_filler() : read_file(nc.filler_file);
-    IF_CHECK(filler.find(nc.answer) == std::string::npos,
-             "niah.filler_file '" << filler_name << "' contains the answer '" << nc.answer
-                                  << "': the needle must be the only place it appears");
-    const std::vector<std::string> paragraphs = split_paragraphs(filler);
-    IF_CHECK(!paragraphs.empty(), "niah.filler_file '" << filler_name << "' has no text");
+    const std::vector<std::string> paragraphs = filler_paragraphs(nc, filler_name);
 
     // Token budget of the documents: the chat prefix and instruction intro (chunk 0) count
     // towards the length; the suffix and the answer must fit the model's positions too.
@@ -78,18 +104,7 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
     const PreparedRequest skeleton =
         prepare_request(tok, chat, RequestText{cfg.request.system, {}, nc.question}, cfg);
     const int prefix_tokens = int(skeleton.chunks[0].size());
-    const int suffix_tokens = int(skeleton.suffix.size());
-    const int n_ctx = s.model->config().n_ctx_train;
-    for (int L : nc.lengths) {
-        IF_CHECK(L > prefix_tokens + 2 * int(tok.encode(nc.needle).size()),
-                 "niah.lengths: " << L << " tokens is too short for the prompt prefix ("
-                                  << prefix_tokens << " tokens) and the needle");
-        IF_CHECK(L + suffix_tokens + cfg.decode.max_new_tokens <= n_ctx,
-                 "niah.lengths: " << L << " context tokens + suffix " << suffix_tokens
-                                  << " + decode.max_new_tokens " << cfg.decode.max_new_tokens
-                                  << " exceed the " << n_ctx << " positions of the model ("
-                                  << s.weights->source << ")");
-    }
+    check_lengths(cfg, s, prefix_tokens, int(skeleton.suffix.size()));
     const TokenCounter count = [&](const std::string& t) { return int(chat.text(t).size()); };
 
     const std::vector<MethodVariant> variants = niah_variants(cfg);
@@ -106,6 +121,15 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
     std::fflush(stdout);
 
     json rows = json::array();
+    // Each finished row goes to <out>.jsonl at once; per-phase progress lines would drown the
+    // per-case lines, so the sweep reports cases (done/total, ETA) instead.
+    // Rank 0 only (a session without a communicator is a single process).
+    RowLog row_log(!s.comm || s.comm->rank() == 0 ? jsonl_path(cfg) : std::string());
+    if (!row_log.path().empty()) {
+        std::printf("rows       : %s (one line per finished run)\n", row_log.path().c_str());
+    }
+    progress::set_phase_lines(false);
+    progress::Sweep sweep("", n_cases);
     std::map<std::string, LabelStats> stats;
     int done = 0;
     for (int L : nc.lengths) {
@@ -120,104 +144,57 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
             const PreparedRequest req = prepare_request(
                 tok, chat, RequestText{cfg.request.system, h.documents, nc.question}, cfg);
             const int T = req.context_tokens();
-            MethodResult ref;
-            for (size_t vi = 0; vi < variants.size(); ++vi) {
-                const MethodVariant& v = variants[vi];
-                MethodResult r = run_method(*s.model, req, variant_config(cfg, v), tok.stop_ids());
-                if (vi == 0) ref = r;  // variants[0] is full
-                const RunComparison cmp = compare_runs(ref, r, T);
-                const std::string answer = tok.decode(r.answer);
-                const bool correct = answer.find(nc.answer) != std::string::npos;
-                const double sel = cmp.selected_fraction;
-                const int needle_begin = prefix_tokens + h.needle_offset;
+            const int needle_begin = prefix_tokens + h.needle_offset;
+            run_case(s, cfg, variants, req, rows, &row_log, [&](const CaseRun& run, json& row) {
+                const MethodVariant& v = *run.variant;
+                const bool correct = run.answer.find(nc.answer) != std::string::npos;
                 const double recall =
-                    needle_recall(req, r, needle_begin, needle_begin + h.needle_tokens);
-
-                json row;
+                    needle_recall(req, *run.result, needle_begin, needle_begin + h.needle_tokens);
                 row["length_target"] = L;
-                row["context_tokens"] = T;
-                row["suffix_tokens"] = r.suffix_tokens;
                 row["depth"] = depth;
                 row["actual_depth"] = h.actual_depth();
                 row["needle_doc"] = h.needle_doc;
                 row["n_chunks"] = req.n_chunks();
-                row["method"] = v.label;
                 row["method_name"] = to_string(v.method);
                 row["layout"] = v.method == Config::Method::infoflow ? json(to_string(v.layout))
                                                                      : json(nullptr);
                 row["reorder"] = v.reorder;
-                row["reference"] = vi == 0;
-                row["answer"] = answer;
-                row["answer_ids"] = r.answer;
                 row["correct"] = correct;
-                put_comparison(row, r, cmp);
                 row["needle_recall"] = recall;
-                rows.push_back(row);
-
                 LabelStats& st = stats[v.label];
-                st.add(r, cmp);
+                st.add(*run.result, run.cmp);
                 st.correct += correct;
                 st.needle += recall;
-
                 ++done;
+                sweep.step();
                 std::printf(
                     "[niah %*d/%d] L %d (T %d) depth %.2f  %-24s %s  top1 %s  KL %.4f  "
-                    "sel %5.1f%% (needle %3.0f%%)  TTFT %8.1f ms  answer \"%s\"\n",
+                    "sel %5.1f%% (needle %3.0f%%)  TTFT %8.1f ms  ETA %s  answer \"%s\"\n",
                     int(std::to_string(n_cases).size()), done, n_cases, L, T, depth,
-                    v.label.c_str(), correct ? "ok  " : "MISS", cmp.top1_agree ? "=" : "x", cmp.kl,
-                    100.0 * sel, 100.0 * recall, r.ttft_ms, one_line(answer).c_str());
+                    v.label.c_str(), correct ? "ok  " : "MISS", run.cmp.top1_agree ? "=" : "x",
+                    run.cmp.kl, 100.0 * run.cmp.selected_fraction, 100.0 * recall,
+                    run.result->ttft_ms, sweep.eta().c_str(), one_line(run.answer).c_str());
                 std::fflush(stdout);
-            }
+            });
         }
     }
 
-    json summary = json::array();
-    std::vector<std::vector<std::string>> table;
+    JobSummary summary;
     for (const auto& v : variants) {
         const LabelStats& st = stats[v.label];
         const double n = std::max(1, st.runs);
-        json row = st.summary(v.label, v.method == Config::Method::full);
+        json& row = summary.add(v, st, {fmt("%.3f", st.correct / n)}, {fmt("%.3f", st.needle / n)});
         row["runs"] = st.runs;
         row["accuracy"] = st.correct / n;
         row["mean_needle_recall"] = st.needle / n;
-        summary.push_back(row);
-        table.push_back({v.label + (v.method == Config::Method::full ? " (ref)" : ""),
-                         std::to_string(st.runs), fmt("%.3f", st.correct / n),
-                         fmt("%.3f", st.top1 / n), fmt("%.4f", st.kl / n),
-                         fmt("%.3f", st.exact / n), fmt("%.3f", st.selected / n),
-                         fmt("%.3f", st.needle / n), fmt("%.1f", st.ttft / n)});
     }
-    const double wall_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    std::printf("\n");
-    print_table({"method", "runs", "accuracy", "top1 agree", "mean KL", "exact match", "selected",
-                 "needle sel", "TTFT ms"},
-                table);
-    std::printf("wall time  : %.1f s\n", wall_s);
-
-    json out;
-    out["job"] = "niah";
-    out["model"] = s.weights->source;
-    out["backend"] = s.backend->name();
-    out["ranks"] = 1;
-    out["reference"] = "full";
+    json out = finish_report("niah", cfg, s, t_start, std::move(rows), std::move(summary),
+                             summary_header("runs", {"accuracy"}, {"needle sel"}),
+                             {"length_target", "context_tokens", "depth", "actual_depth", "method",
+                              "reference", "correct", "top1_agree", "kl", "exact_match",
+                              "selected_fraction", "needle_recall", "ttft_ms", "answer", "phases"});
     out["filler"] = filler_name;
     out["prefix_tokens"] = prefix_tokens;
-    out["wall_s"] = wall_s;
-    out["rows"] = rows;
-    out["summary"] = summary;
-    out["config"] = cfg.to_json();
-
-    const std::string csv = csv_path(cfg);
-    if (!csv.empty()) {
-        write_file_atomic(
-            csv, rows_to_csv(
-                     rows, {"length_target", "context_tokens", "depth", "actual_depth", "method",
-                            "reference", "correct", "top1_agree", "kl", "exact_match",
-                            "selected_fraction", "needle_recall", "ttft_ms", "answer", "phases"}));
-        std::printf("csv        : %s\n", csv.c_str());
-    }
-    std::fflush(stdout);
     return out;
 }
 

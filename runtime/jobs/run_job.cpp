@@ -1,17 +1,36 @@
-// Job dispatch and result output.
+// Job dispatch and result output: progress on rank 0, the model load, the job, then the result
+// with its provenance (provenance.h) written atomically.
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/progress.h"
 #include "runtime/jobs/jobs.h"
+#include "runtime/jobs/provenance.h"
 #include "runtime/jobs/session.h"
 
 namespace infoflow {
 
 nlohmann::json run_job(const Config& cfg, Communicator& comm) {
-    std::unique_ptr<Session> s = open_session(cfg);
+    const std::string start_time = utc_now_iso8601();
+    // INFOFLOW_PROGRESS=0 silences the progress lines (standard error, rank 0).
+    const char* quiet = std::getenv("INFOFLOW_PROGRESS");
+    progress::set_enabled(comm.rank() == 0 && !(quiet && std::strcmp(quiet, "0") == 0));
+    progress::set_phase_lines(true);
+    progress::note("job " + std::string(to_string(cfg.job)) + " on " + std::to_string(comm.size()) +
+                   " rank" + (comm.size() > 1 ? "s" : ""));
+    progress::note("load " + cfg.model.path + " ...");
+    std::unique_ptr<Session> s = open_session(cfg, comm.local_rank());
+    progress::phase_end("load", s->load_ms);
     s->comm = &comm;
+    // Every rank must have loaded the same model: weights, shapes and tokenizer (DESIGN §11).
+    check_same_model(
+        comm,
+        s->weights->fingerprint + (s->tokenizer ? "-" + hex64(s->tokenizer->fingerprint()) : ""),
+        s->weights->source);
     nlohmann::json result;
     switch (cfg.job) {
         case Config::Job::answer:
@@ -30,7 +49,11 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
             result = run_cache_build(cfg, *s);
             break;
         default:
-            IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not available in this build");
+            // check_implemented rejects planned jobs at start-up; this is the backstop.
+            IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not implemented yet");
+    }
+    if (comm.rank() == 0 && result.is_object()) {
+        add_provenance(result, cfg, comm.size(), start_time);
     }
     if (!cfg.output.path.empty() && comm.rank() == 0) {
         write_file_atomic(cfg.output.path, result.dump(2) + "\n");

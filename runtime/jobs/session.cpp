@@ -22,11 +22,17 @@ const ChatTemplate& Session::chat_template() const {
     return *chat;
 }
 
-std::unique_ptr<Session> open_session(const Config& cfg) {
+std::unique_ptr<Session> open_session(const Config& cfg, int local_rank) {
     const auto t0 = std::chrono::steady_clock::now();
     auto s = std::make_unique<Session>();
     const std::string& path = cfg.model.path;
-    s->weights = std::make_unique<ModelWeights>(load_model_weights(path));
+    // The backend first: a device backend selects its GPU before anything else touches CUDA,
+    // and generates random: weights itself (they never exist on the host).
+    s->backend = make_backend(to_string(cfg.model.backend), cfg.model.threads, local_rank);
+    LoadOptions opt;
+    opt.check_finite = cfg.model.check_finite;
+    opt.generate_on_backend = cfg.model.backend != Config::Backend::cpu;
+    s->weights = std::make_unique<ModelWeights>(load_model_weights(path, opt));
     if (path.rfind("random:", 0) != 0) {
         struct stat st {};
         IF_CHECK(::stat(path.c_str(), &st) == 0, "model.path '" << path << "' does not exist");
@@ -39,7 +45,6 @@ std::unique_ptr<Session> open_session(const Config& cfg) {
         std::string chat_name = to_string(cfg.request.chat_template);
         s->chat = std::make_unique<ChatTemplate>(*s->tokenizer, chat_name);
     }
-    s->backend = make_backend(to_string(cfg.model.backend), cfg.model.threads);
     s->model = std::make_unique<Model>(*s->backend, *s->weights);
     s->load_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

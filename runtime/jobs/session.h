@@ -29,6 +29,8 @@ struct Session {
     const ChatTemplate& chat_template() const;
 };
 
-std::unique_ptr<Session> open_session(const Config& cfg);
+// `local_rank`: the node-local rank (Communicator::local_rank()); a device backend uses device
+// local_rank % (visible devices).
+std::unique_ptr<Session> open_session(const Config& cfg, int local_rank = 0);
 
 }  // namespace infoflow

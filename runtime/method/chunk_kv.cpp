@@ -31,8 +31,7 @@ ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t 
                             cache);
         out.k.push_back(be.alloc_floats(size_t(n) * row));
         out.v.push_back(be.alloc_floats(size_t(n) * row));
-        be.copy(out.k[l].data(), cache.k(l) + lead * row, size_t(n) * row * sizeof(float));
-        be.copy(out.v[l].data(), cache.v(l) + lead * row, size_t(n) * row * sizeof(float));
+        cache.read_range(l, lead, n, out.k[l].data(), out.v[l].data());
     }
     return out;
 }
@@ -60,6 +59,7 @@ void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std:
     IF_CHECK(group == nullptr || group->size() == total, "assemble_cache: group size mismatch");
     const int first = cache.append(int(total), target_pos.data(), group ? group->data() : nullptr);
     const size_t row = size_t(cache.row());
+    Buffer rotated;  // [n, row] the chunk's keys at their target positions
     int at = 0;
     for (int ci : order) {
         const ChunkKv& ck = chunks[ci];
@@ -71,12 +71,18 @@ void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std:
             delta[i] = target_pos[at + i] - ck.local_pos[i];
             rotate = rotate || delta[i] != 0;
         }
+        // Keys are re-rotated on their way in, so the cache only ever receives finished rows.
+        if (rotate && rotated.bytes() < size_t(n) * row * sizeof(float)) {
+            rotated = be.alloc_floats(size_t(n) * row);
+        }
         for (int l = 0; l < L; ++l) {
-            float* kd = cache.k(l) + size_t(first + at) * row;
-            be.copy(kd, ck.k[l].data(), size_t(n) * row * sizeof(float));
-            be.copy(cache.v(l) + size_t(first + at) * row, ck.v[l].data(),
-                    size_t(n) * row * sizeof(float));
-            if (rotate) model.rerotate_keys(kd, n, delta.data());
+            const float* k = ck.k[l].data();
+            if (rotate) {
+                be.copy(rotated.data(), k, size_t(n) * row * sizeof(float));
+                model.rerotate_keys(rotated.data(), n, delta.data());
+                k = rotated.data();
+            }
+            cache.write_range(l, first + at, n, k, ck.v[l].data());
         }
         at += n;
     }

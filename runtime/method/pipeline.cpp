@@ -1,27 +1,35 @@
+// The single-rank pipeline, the oracle of every distributed mode: `run_method` is the driver,
+// reading as the phases of DESIGN §3 (chunk prefill, optional reorder, scoring and selection,
+// selective recompute, the answer); each phase is one function below, and the driver alone
+// keeps the phase clock.
 #include "runtime/method/pipeline.h"
 
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <utility>
 
 #include "runtime/core/error.h"
+#include "runtime/core/progress.h"
 #include "runtime/method/chunk_kv.h"
 #include "runtime/method/chunk_store.h"
+#include "runtime/method/phases.h"
 #include "runtime/method/placement.h"
 #include "runtime/method/recompute.h"
 #include "runtime/method/scoring.h"
 #include "runtime/method/selection.h"
-#include "runtime/model/generate.h"
 
 namespace infoflow {
 namespace {
 
+// Time since the previous mark, per named phase.
 class PhaseClock {
   public:
     explicit PhaseClock(std::vector<PhaseTime>& out) : out_(out), t_(now()) {}
     void mark(const std::string& name) {
         const auto t = now();
         out_.push_back({name, std::chrono::duration<double, std::milli>(t - t_).count()});
+        progress::phase_end(name, out_.back().ms);
         t_ = t;
     }
 
@@ -31,61 +39,182 @@ class PhaseClock {
     std::chrono::steady_clock::time_point t_;
 };
 
-double sum_ms(const std::vector<PhaseTime>& p) {
-    double s = 0.0;
-    for (const auto& x : p) s += x.ms;
+// The context assembled in one cache at global positions (§3.2), slot j of the cache being
+// context slot j.
+struct Context {
+    explicit Context(KvCache c) : cache(std::move(c)) {}
+    KvCache cache;
+    std::vector<int> order;                    // chunk order
+    std::vector<int32_t> gpos;                 // [T] global position of each slot
+    std::vector<int32_t> slot_token;           // [T]
+    std::vector<int> slot_chunk;               // [T]
+    std::vector<int> chunk_begin, chunk_size;  // per chunk, in `order`
+    // parallel.emulate_ranks = P > 1: the shard of each slot ([T]), for the "kv" visibility of
+    // P ranks in one process (§5.2); empty otherwise.
+    std::vector<int32_t> slot_group;
+    bool grouped() const { return !slot_group.empty(); }
+};
+
+// Phase 2's result: the slots to recompute, and where the recompute starts.
+struct Selection {
+    std::vector<int> selected;  // slots, sorted by position
+    int first_layer = 0;        // cacheblend: 1 (layer 0 ran for every token)
+    Buffer hidden;              // first_layer > 0: [|S|, n_embd], the input of first_layer
+};
+
+// `full`: one exact causal prefill of the whole sequence, then the answer.
+MethodResult run_full(Model& model, const PreparedRequest& req, const Config& cfg,
+                      const std::vector<int32_t>& stop_ids, MethodResult r) {
+    PhaseClock clock(r.phases);
+    KvCache cache =
+        model.make_cache(r.context_tokens + r.suffix_tokens + cfg.decode.max_new_tokens);
+    const std::vector<int32_t> seq = req.full_sequence();
+    std::vector<int32_t> pos(seq.size());
+    std::iota(pos.begin(), pos.end(), 0);
+    r.first_logits = model.forward(cache, seq, pos);
+    clock.mark("prefill");
+    r.ttft_ms = sum_ms(r.phases);
+    r.chunk_order = identity_order(req.n_chunks());
+    decode_answer(model, cache, generate_options(cfg, stop_ids), r);
+    clock.mark("decode");
+    return r;
+}
+
+// Reorder stage 1 (§3.7): score with hl-tp over all context tokens (chunk 0 included), select,
+// and sort chunks 1..K by their selected fraction.
+std::vector<int> reorder_chunks(Model& model, const PreparedRequest& req, const Config& cfg,
+                                const std::vector<ChunkKv>& chunks) {
+    const std::vector<int> ident = identity_order(int(chunks.size()));
+    ScoreOptions s1 = score_options(cfg, model.config().n_layer);
+    s1.layout = Config::Layout::hl_tp;
+    const std::vector<double> score =
+        score_context(model, chunks, ident, scoring_rows(req, cfg.scoring.query), s1);
+    const std::vector<int32_t> gpos = global_positions(chunks, ident);
+    std::vector<int> slot_chunk, sizes;
+    for (int ci : ident) {
+        sizes.push_back(chunks[ci].size());
+        for (int t = 0; t < chunks[ci].size(); ++t) slot_chunk.push_back(ci);
+    }
+    const int T = req.context_tokens();
+    const std::vector<int> sel = select_top_k(score, gpos, std::vector<uint8_t>(size_t(T), 1),
+                                              recompute_budget(cfg.method.ratio, T));
+    return reorder_by_selection(sel, slot_chunk, sizes);
+}
+
+// The chunks in `order` assembled in a cache with room for the suffix and the answer.
+Context assemble_context(Model& model, const PreparedRequest& req, const Config& cfg,
+                         const std::vector<ChunkKv>& chunks, const std::vector<int>& order) {
+    const int T = req.context_tokens();
+    Context x(model.make_cache(T + int(req.suffix.size()) + cfg.decode.max_new_tokens));
+    x.order = order;
+    x.gpos = global_positions(chunks, order);
+    for (int ci : order) {
+        x.chunk_begin.push_back(int(x.slot_token.size()));
+        x.chunk_size.push_back(chunks[ci].size());
+        for (int t = 0; t < chunks[ci].size(); ++t) {
+            x.slot_token.push_back(chunks[ci].tokens[t]);
+            x.slot_chunk.push_back(ci);
+        }
+    }
+    // Emulated ranks: chunk 0 and (once selected) S are visible to all; every other token only
+    // to the queries of its shard; suffix and decode rows are rank 0's.
+    const int emulate = cfg.parallel.emulate_ranks;
+    if (emulate > 1) {
+        IF_CHECK(!cfg.method.reorder,
+                 "parallel.emulate_ranks with method.reorder is not supported");
+        IF_CHECK(cfg.scoring.softmax == Config::Softmax::global,
+                 "parallel.emulate_ranks needs scoring.softmax = \"global\"");
+        std::vector<int> sizes;
+        for (const auto& ch : req.chunks) sizes.push_back(int(ch.size()));
+        const Placement place = place_chunks(sizes, emulate);
+        for (int j = 0; j < T; ++j) x.slot_group.push_back(place.chunk_rank[x.slot_chunk[j]]);
+    }
+    assemble_cache(model, chunks, order, x.gpos, x.grouped() ? &x.slot_group : nullptr, x.cache);
+    return x;
+}
+
+// CacheBlend (§4): layer 0 with full causal attention over the context, then the layer-1 K/V
+// deviation of every token picks S; every token's layer-1 K/V is replaced by the fresh one.
+Selection cacheblend_select(Model& model, const Config& cfg, Context& x,
+                            const SelectionInputs& in) {
+    const ModelConfig& c = model.config();
+    Backend& be = model.backend();
+    const int T = int(x.gpos.size());
+    const size_t row = size_t(x.cache.row());
+    std::vector<int32_t> all_slots(T);
+    std::iota(all_slots.begin(), all_slots.end(), 0);
+    Buffer h = be.alloc_floats(size_t(T) * c.n_embd);
+    model.embed(x.slot_token.data(), T, h.data());
+    // Layer 0 sees the whole context (exact on every rank too).
+    const std::vector<int32_t> saved_groups = x.cache.group();
+    for (int j = 0; j < T; ++j) x.cache.set_group(j, -1);
+    model.layer_forward(0, h.data(), T, x.gpos.data(), nullptr, all_slots.data(), x.cache);
+    for (int j = 0; j < T; ++j) x.cache.set_group(j, saved_groups[j]);
+    Buffer k1 = be.alloc_floats(size_t(T) * row);
+    Buffer v1 = be.alloc_floats(size_t(T) * row);
+    model.layer_kv(1, h.data(), T, x.gpos.data(), k1.data(), v1.data());
+    const bool use_k = cfg.cacheblend.metric == Config::BlendMetric::k;
+    Buffer old = be.alloc_floats(size_t(T) * row);
+    x.cache.read_range(1, 0, T, use_k ? old.data() : nullptr, use_k ? nullptr : old.data());
+    std::vector<float> fresh(size_t(T) * row), cached(size_t(T) * row);
+    be.download(fresh.data(), use_k ? k1.data() : v1.data(), fresh.size() * sizeof(float));
+    be.download(cached.data(), old.data(), cached.size() * sizeof(float));
+    const std::vector<double> dev = kv_deviation(fresh.data(), cached.data(), T, int(row));
+    Selection s;
+    s.selected = select_top_k(dev, x.gpos, in.eligible, in.k_budget);
+    x.cache.write_range(1, 0, T, k1.data(), v1.data());
+    s.first_layer = 1;
+    s.hidden = be.alloc_floats(std::max<size_t>(1, s.selected.size()) * c.n_embd);
+    for (size_t i = 0; i < s.selected.size(); ++i) {
+        be.copy(s.hidden.data() + i * c.n_embd, h.data() + size_t(s.selected[i]) * c.n_embd,
+                sizeof(float) * c.n_embd);
+    }
     return s;
 }
 
-GenerateOptions generate_options(const Config& cfg, const std::vector<int32_t>& stop_ids) {
-    GenerateOptions g;
-    g.max_new_tokens = cfg.decode.max_new_tokens;
-    g.stop_ids = stop_ids;
-    g.sampling.temperature = float(cfg.decode.temperature);
-    g.sampling.seed = cfg.decode.seed;
-    g.sampling.top_k = cfg.decode.top_k ? *cfg.decode.top_k : 0;
-    return g;
-}
-
-void check_positions(const Model& model, int T, int Q, int max_new) {
-    // The first answer token comes from the last prompt position; each further one needs a
-    // position of its own.
-    const int n_ctx = model.config().n_ctx_train;
-    const int need = T + Q + std::max(0, max_new - 1);
-    IF_CHECK(need <= n_ctx, "the request needs "
-                                << need << " positions (context " << T << " + suffix " << Q
-                                << " + decode.max_new_tokens - 1 = " << std::max(0, max_new - 1)
-                                << ") but the model (" << model.weights().source << ") has "
-                                << n_ctx);
-}
-
-// Phase 1 with the KV store: "store_load" (when store.path is set), then "chunk_prefill".
-std::vector<ChunkKv> prefill_or_load(ChunkSource& source, Model& model, const PreparedRequest& req,
-                                     PhaseClock& clock) {
-    std::vector<int> context(size_t(req.n_chunks() - 1));
-    std::iota(context.begin(), context.end(), 1);
-    if (source.uses_store()) {
-        source.load(context);
-        clock.mark("store_load");
+// Phase 2 (§3.3, §3.4, §4): the tokens to recompute, by the method's criterion.
+Selection score_and_select(Model& model, const PreparedRequest& req, const Config& cfg,
+                           const std::vector<ChunkKv>& chunks, Context& x) {
+    const SelectionInputs in = selection_inputs(cfg, x.slot_chunk);
+    Selection s;
+    switch (cfg.method.name) {
+        case Config::Method::infoflow:
+            if (in.k_budget > 0) {
+                const std::vector<double> score =
+                    score_context(model, chunks, x.order, scoring_rows(req, cfg.scoring.query),
+                                  score_options(cfg, model.config().n_layer));
+                s.selected = select_top_k(score, x.gpos, in.eligible, in.k_budget);
+            }
+            break;
+        case Config::Method::epic:
+            s.selected = epic_select(cfg, x.order, x.chunk_begin, x.chunk_size);
+            break;
+        case Config::Method::cacheblend:
+            if (in.k_budget > 0 && model.config().n_layer > 1) {
+                s = cacheblend_select(model, cfg, x, in);
+            }
+            break;
+        default:
+            break;
     }
-    std::vector<ChunkKv> chunks;
-    chunks.push_back(prefill_chunk(model, req.chunks[0], -1));
-    for (auto& ck : source.take(context)) chunks.push_back(std::move(ck));
-    clock.mark("chunk_prefill");
-    return chunks;
+    return s;
 }
 
-// store.mode = "read-write": the prefilled chunks go into the store after the answer.
-void save_to_store(ChunkSource& source, const std::vector<ChunkKv>& chunks, const Config& cfg,
-                   PhaseClock& clock, MethodResult& r) {
-    if (source.uses_store() && cfg.store.mode == Config::StoreMode::read_write) {
-        source.save(chunks);
-        clock.mark("store_write");
+// Phase 3 (§3.5): S through the layers from s.first_layer, its new K/V written first. With
+// emulated ranks each selected query keeps its shard's group, and S becomes visible to all.
+void recompute(Model& model, Context& x, const Selection& s) {
+    std::vector<int32_t> slots, toks, pos, group;
+    for (int j : s.selected) {
+        slots.push_back(j);
+        toks.push_back(x.slot_token[j]);
+        pos.push_back(x.gpos[j]);
+        if (x.grouped()) {
+            group.push_back(x.slot_group[j]);
+            x.cache.set_group(j, -1);
+        }
     }
-    r.store_chunks = source.use().chunks_loaded;
-    r.store_tokens = source.use().tokens_loaded;
-    r.store_bytes = source.use().bytes_loaded;
-    r.store_added = source.use().chunks_added;
+    recompute_selected(model, x.cache, slots, toks, pos, x.grouped() ? &group : nullptr,
+                       s.first_layer, s.first_layer > 0 ? s.hidden.data() : nullptr);
 }
 
 }  // namespace
@@ -98,202 +227,42 @@ std::vector<int32_t> scoring_rows(const PreparedRequest& req, Config::Query quer
 
 MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
                         const std::vector<int32_t>& stop_ids) {
-    const ModelConfig& c = model.config();
-    const Config::Method method = cfg.method.name;
-    MethodResult r;
-    r.method = to_string(method);
-    r.context_tokens = req.context_tokens();
-    r.suffix_tokens = int(req.suffix.size());
-    const int T = r.context_tokens;
-    const int Q = r.suffix_tokens;
-    const int max_new = cfg.decode.max_new_tokens;
-    check_positions(model, T, Q, max_new);
+    MethodResult r = start_result(model, req, cfg, 1);
+    if (cfg.method.name == Config::Method::full) return run_full(model, req, cfg, stop_ids, r);
+    check_recompute_method(cfg, "single-rank");
     PhaseClock clock(r.phases);
-    const GenerateOptions gen = generate_options(cfg, stop_ids);
 
-    if (method == Config::Method::full) {
-        KvCache cache = model.make_cache(T + Q + max_new);
-        const std::vector<int32_t> seq = req.full_sequence();
-        std::vector<int32_t> pos(seq.size());
-        std::iota(pos.begin(), pos.end(), 0);
-        r.first_logits = model.forward(cache, seq, pos);
-        clock.mark("prefill");
-        r.ttft_ms = sum_ms(r.phases);
-        r.chunk_order.resize(req.n_chunks());
-        std::iota(r.chunk_order.begin(), r.chunk_order.end(), 0);
-        const GenerateResult g = generate(model, cache, r.first_logits, T + Q, gen);
-        r.answer = g.tokens;
-        r.stopped = g.stopped;
-        clock.mark("decode");
-        return r;
-    }
-    IF_CHECK(method == Config::Method::none || method == Config::Method::infoflow ||
-                 method == Config::Method::cacheblend || method == Config::Method::epic,
-             "method.name = \"" << r.method << "\" is not a single-rank method");
-
-    // Phase 1: chunk prefill, chunk 0 exact (no sink), chunks >= 1 with the sink, or loaded
-    // from the KV store (store.path) as their own phase.
+    // Phase 1: chunk 0 exact, chunks >= 1 with the sink, or loaded from the KV store
+    // (store.path) as their own phase.
     ChunkSource source(model, req, cfg);
-    std::vector<ChunkKv> chunks = prefill_or_load(source, model, req, clock);
-
-    const std::vector<int32_t> rows = scoring_rows(req, cfg.scoring.query);
-    ScoreOptions so;
-    so.layers = resolve_scoring_layers(cfg.scoring.layers, c.n_layer);
-    so.aggregate_sum = cfg.scoring.aggregate == Config::Aggregate::sum;
-    so.layout = cfg.scoring.layout;
-    const int k_budget = recompute_budget(cfg.method.ratio, T);
-
-    // Optional reorder (§3.7): stage 1 scores with hl-tp over all context tokens.
-    std::vector<int> order(chunks.size());
-    std::iota(order.begin(), order.end(), 0);
-    if (method == Config::Method::infoflow && cfg.method.reorder) {
-        ScoreOptions s1 = so;
-        s1.layout = Config::Layout::hl_tp;
-        const std::vector<double> score = score_context(model, chunks, order, rows, s1);
-        const std::vector<int32_t> gpos = global_positions(chunks, order);
-        std::vector<int> slot_chunk, sizes;
-        for (int ci : order) {
-            sizes.push_back(chunks[ci].size());
-            for (int t = 0; t < chunks[ci].size(); ++t) slot_chunk.push_back(ci);
-        }
-        const std::vector<int> sel =
-            select_top_k(score, gpos, std::vector<uint8_t>(size_t(T), 1), k_budget);
-        order = reorder_by_selection(sel, slot_chunk, sizes);
+    const std::vector<ChunkKv> chunks = prefill_context(model, req, 1, req.n_chunks(), &source,
+                                                        [&] { clock.mark("store_load"); });
+    clock.mark("chunk_prefill");
+    r.chunk_order = identity_order(req.n_chunks());
+    if (cfg.method.name == Config::Method::infoflow && cfg.method.reorder) {
+        r.chunk_order = reorder_chunks(model, req, cfg, chunks);
         clock.mark("reorder");
     }
-    r.chunk_order = order;
 
-    // Assemble the cache at global positions (§3.2).
-    const std::vector<int32_t> gpos = global_positions(chunks, order);
-    std::vector<int32_t> slot_token;
-    std::vector<int> slot_chunk, chunk_begin, chunk_size;
-    for (int ci : order) {
-        chunk_begin.push_back(int(slot_token.size()));
-        chunk_size.push_back(chunks[ci].size());
-        for (int t = 0; t < chunks[ci].size(); ++t) {
-            slot_token.push_back(chunks[ci].tokens[t]);
-            slot_chunk.push_back(ci);
-        }
-    }
-    // parallel.emulate_ranks = P: the "kv" visibility of P ranks in one process (§5.2), the
-    // oracle of the distributed run. Chunk 0 and (once selected) S are visible to all; every
-    // other token only to the queries of its shard; suffix and decode rows are rank 0's.
-    const int emulate = cfg.parallel.emulate_ranks;
-    std::vector<int32_t> slot_group;
-    if (emulate > 1) {
-        IF_CHECK(!cfg.method.reorder,
-                 "parallel.emulate_ranks with method.reorder is not supported");
-        IF_CHECK(cfg.scoring.softmax == Config::Softmax::global,
-                 "parallel.emulate_ranks needs scoring.softmax = \"global\"");
-        std::vector<int> sizes;
-        for (const auto& ch : req.chunks) sizes.push_back(int(ch.size()));
-        const Placement place = place_chunks(sizes, emulate);
-        for (int j = 0; j < T; ++j) slot_group.push_back(place.chunk_rank[slot_chunk[j]]);
-    }
-    const std::vector<int32_t>* groups = emulate > 1 ? &slot_group : nullptr;
-    KvCache cache = model.make_cache(T + Q + max_new);
-    assemble_cache(model, chunks, order, gpos, groups, cache);
-    std::vector<uint8_t> eligible(T);
-    for (int j = 0; j < T; ++j) eligible[j] = slot_chunk[j] != 0;
+    Context x = assemble_context(model, req, cfg, chunks, r.chunk_order);
+    const Selection s = score_and_select(model, req, cfg, chunks, x);
+    if (cfg.method.name != Config::Method::none) clock.mark("scoring");
+    recompute(model, x, s);
+    clock.mark("recompute");
+    for (int j : s.selected) r.selected_positions.push_back(x.gpos[j]);
 
-    // Selection and recompute.
-    std::vector<int> selected;
-    if (method == Config::Method::infoflow) {
-        if (k_budget > 0) {
-            const std::vector<double> score = score_context(model, chunks, order, rows, so);
-            selected = select_top_k(score, gpos, eligible, k_budget);
-        }
-        clock.mark("scoring");
-    } else if (method == Config::Method::epic) {
-        selected =
-            epic_selection(order, chunk_begin, chunk_size, cfg.epic.mode == Config::EpicMode::fixed,
-                           cfg.method.ratio, cfg.epic.k);
-        clock.mark("scoring");
-    }
-
-    auto gather = [&](const std::vector<int>& sel, std::vector<int32_t>& slots,
-                      std::vector<int32_t>& toks, std::vector<int32_t>& pos) {
-        for (int j : sel) {
-            slots.push_back(j);
-            toks.push_back(slot_token[j]);
-            pos.push_back(gpos[j]);
-        }
-    };
-    // Query groups of the selected tokens (their shard), and S becomes visible to all.
-    auto publish = [&](const std::vector<int>& sel, std::vector<int32_t>* qgroup) {
-        if (!groups) return;
-        for (int j : sel) {
-            qgroup->push_back(slot_group[j]);
-            cache.set_group(j, -1);
-        }
-    };
-
-    if (method == Config::Method::cacheblend && k_budget > 0 && c.n_layer > 1) {
-        // Layer 0 exact for every context token, then the layer-1 K/V deviation picks S.
-        std::vector<int32_t> all_slots, all_toks, all_pos;
-        std::vector<int> all(T);
-        std::iota(all.begin(), all.end(), 0);
-        gather(all, all_slots, all_toks, all_pos);
-        Backend& be = model.backend();
-        const size_t row = size_t(cache.row());
-        Buffer h = be.alloc_floats(size_t(T) * c.n_embd);
-        model.embed(all_toks.data(), T, h.data());
-        // Layer 0 with full causal attention over the context (exact on every rank too).
-        std::vector<int32_t> saved_groups = cache.group();
-        for (int j = 0; j < T; ++j) cache.set_group(j, -1);
-        model.layer_forward(0, h.data(), T, all_pos.data(), nullptr, all_slots.data(), cache);
-        for (int j = 0; j < T; ++j) cache.set_group(j, saved_groups[j]);
-        Buffer k1 = be.alloc_floats(size_t(T) * row);
-        Buffer v1 = be.alloc_floats(size_t(T) * row);
-        model.layer_kv(1, h.data(), T, all_pos.data(), k1.data(), v1.data());
-        std::vector<float> fresh(size_t(T) * row), cached(size_t(T) * row);
-        const bool use_k = cfg.cacheblend.metric == Config::BlendMetric::k;
-        be.download(fresh.data(), use_k ? k1.data() : v1.data(), fresh.size() * sizeof(float));
-        be.download(cached.data(), use_k ? cache.k(1) : cache.v(1), cached.size() * sizeof(float));
-        const std::vector<double> dev = kv_deviation(fresh.data(), cached.data(), T, int(row));
-        selected = select_top_k(dev, gpos, eligible, k_budget);
-        // Every context token's layer-1 K/V is replaced by the fresh one.
-        be.copy(cache.k(1), k1.data(), size_t(T) * row * sizeof(float));
-        be.copy(cache.v(1), v1.data(), size_t(T) * row * sizeof(float));
-        clock.mark("scoring");
-        std::vector<int32_t> s_slots, s_toks, s_pos;
-        gather(selected, s_slots, s_toks, s_pos);
-        Buffer hs = be.alloc_floats(std::max<size_t>(1, selected.size()) * c.n_embd);
-        for (size_t i = 0; i < selected.size(); ++i) {
-            be.copy(hs.data() + i * c.n_embd, h.data() + size_t(selected[i]) * c.n_embd,
-                    sizeof(float) * c.n_embd);
-        }
-        std::vector<int32_t> s_group;
-        publish(selected, &s_group);
-        recompute_selected(model, cache, s_slots, s_toks, s_pos, groups ? &s_group : nullptr, 1,
-                           hs.data());
-        clock.mark("recompute");
-    } else {
-        if (method == Config::Method::cacheblend) clock.mark("scoring");
-        std::vector<int32_t> s_slots, s_toks, s_pos;
-        gather(selected, s_slots, s_toks, s_pos);
-        std::vector<int32_t> s_group;
-        publish(selected, &s_group);
-        recompute_selected(model, cache, s_slots, s_toks, s_pos, groups ? &s_group : nullptr, 0);
-        clock.mark("recompute");
-    }
-    for (int j : selected) r.selected_positions.push_back(gpos[j]);
-
-    // Suffix prefill over the updated cache, then the answer (§3.6).
-    std::vector<int32_t> spos(Q);
-    std::iota(spos.begin(), spos.end(), T);
-    const std::vector<int32_t> suffix_group(Q, 0);
-    r.first_logits =
-        model.forward(cache, req.suffix, spos, false, groups ? &suffix_group : nullptr);
+    // The answer (§3.6); with emulated ranks the suffix and decode rows are rank 0's.
+    r.first_logits = prefill_suffix(model, x.cache, req, x.grouped() ? 0 : -1);
     clock.mark("suffix_prefill");
     r.ttft_ms = sum_ms(r.phases);
-    GenerateOptions gen_rank0 = gen;
-    if (groups) gen_rank0.group = 0;
-    const GenerateResult g = generate(model, cache, r.first_logits, T + Q, gen_rank0);
-    r.answer = g.tokens;
-    r.stopped = g.stopped;
+    GenerateOptions gen = generate_options(cfg, stop_ids);
+    if (x.grouped()) gen.group = 0;
+    decode_answer(model, x.cache, gen, r);
     clock.mark("decode");
-    save_to_store(source, chunks, cfg, clock, r);
+    save_to_store(source, chunks, r);  // store.mode = "read-write": after the answer
+    if (source.uses_store() && cfg.store.mode == Config::StoreMode::read_write) {
+        clock.mark("store_write");
+    }
     return r;
 }
 

@@ -51,4 +51,50 @@ void KvCache::set_group(int slot, int32_t group) {
     if (group >= 0) any_group_ = true;
 }
 
+std::vector<SlotRun> slot_runs(const int32_t* slots, int n) {
+    std::vector<SlotRun> runs;
+    for (int i = 0; i < n; ++i) {
+        if (!runs.empty() && runs.back().slot + runs.back().n == slots[i] &&
+            runs.back().row + runs.back().n == i) {
+            ++runs.back().n;
+        } else {
+            runs.push_back({i, slots[i], 1});
+        }
+    }
+    return runs;
+}
+
+void KvCache::write_rows(int layer, const int32_t* slots, const float* k, const float* v, int n) {
+    const size_t row = size_t(row_);
+    for (const SlotRun& r : slot_runs(slots, n)) {  // one copy per run of consecutive slots
+        write_range(layer, r.slot, r.n, k + size_t(r.row) * row, v + size_t(r.row) * row);
+    }
+}
+
+void KvCache::read_rows(int layer, const int32_t* slots, float* k, float* v, int n) const {
+    const size_t row = size_t(row_);
+    for (const SlotRun& r : slot_runs(slots, n)) {
+        read_range(layer, r.slot, r.n, k ? k + size_t(r.row) * row : nullptr,
+                   v ? v + size_t(r.row) * row : nullptr);
+    }
+}
+
+void KvCache::write_range(int layer, int first, int n, const float* k, const float* v) {
+    if (n <= 0) return;
+    IF_CHECK(first >= 0 && first + n <= size_,
+             "cache slots [" << first << ", " << first + n << ") outside [0, " << size_ << ")");
+    const size_t at = size_t(first) * row_, bytes = size_t(n) * row_ * sizeof(float);
+    backend_->copy(k_[layer].data() + at, k, bytes);
+    backend_->copy(v_[layer].data() + at, v, bytes);
+}
+
+void KvCache::read_range(int layer, int first, int n, float* k, float* v) const {
+    if (n <= 0) return;
+    IF_CHECK(first >= 0 && first + n <= size_,
+             "cache slots [" << first << ", " << first + n << ") outside [0, " << size_ << ")");
+    const size_t at = size_t(first) * row_, bytes = size_t(n) * row_ * sizeof(float);
+    if (k) backend_->copy(k, k_[layer].data() + at, bytes);
+    if (v) backend_->copy(v, v_[layer].data() + at, bytes);
+}
+
 }  // namespace infoflow

@@ -12,6 +12,15 @@
 
 namespace infoflow {
 
+// Consecutive rows that go to consecutive cache slots: rows [row, row + n) -> slots
+// [slot, slot + n), so writing new K/V into the cache takes one copy per run.
+struct SlotRun {
+    int row = 0;
+    int slot = 0;
+    int n = 0;
+};
+std::vector<SlotRun> slot_runs(const int32_t* slots /*[n]*/, int n);
+
 class KvCache {
   public:
     KvCache(Backend& backend, const ModelConfig& config, int capacity);
@@ -28,6 +37,21 @@ class KvCache {
     void truncate(int n);  // drops slots >= n
     void clear() { truncate(0); }
 
+    // K/V rows in and out of the cache: every copy of whole rows goes through these, so the
+    // storage type of the cache is known here alone. Pointers are in the backend's memory.
+    // Slot slots[i] of `layer` <- row i of k and v.
+    void write_rows(int layer, const int32_t* slots /*[n]*/, const float* k /*[n, row]*/,
+                    const float* v /*[n, row]*/, int n);
+    // Row i of k and v <- slot slots[i] of `layer`; k or v may be nullptr (not read).
+    void read_rows(int layer, const int32_t* slots /*[n]*/, float* k /*[n, row]*/,
+                   float* v /*[n, row]*/, int n) const;
+    // The same for the contiguous slots [first, first + n).
+    void write_range(int layer, int first, int n, const float* k /*[n, row]*/,
+                     const float* v /*[n, row]*/);
+    void read_range(int layer, int first, int n, float* k /*[n, row]*/,
+                    float* v /*[n, row]*/) const;
+
+    // The layer's storage, for attention over the cache.
     float* k(int layer) { return k_[layer].data(); }  // [capacity, row]
     float* v(int layer) { return v_[layer].data(); }  // [capacity, row]
     const float* k(int layer) const { return k_[layer].data(); }

@@ -3,13 +3,51 @@
 #include <cstring>
 
 #include "runtime/core/error.h"
+#include "runtime/model/model_loader.h"
 
 namespace infoflow {
 
 Model::Model(Backend& backend, const ModelWeights& weights) : backend_(backend), weights_(weights) {
     weights_.validate();
-    host_weights_ = backend_.name() == "cpu";
+    host_weights_ = backend_.name() == "cpu" && !weights_.generated;
     inv_freq_host_ = rope_inv_freq(config());
+    if (!host_weights_) {
+        load_weights();
+    } else {
+        stack_qkv();
+    }
+    inv_freq_ = backend_.alloc_floats(inv_freq_host_.size());
+    backend_.upload(inv_freq_.data(), inv_freq_host_.data(), inv_freq_host_.size() * sizeof(float));
+}
+
+void Model::load_weights() {
+    // Matrices (the embedding table and LM head included) go to the backend's weight storage,
+    // vectors (norms, biases) stay fp32. Generated models never exist on the host, except for
+    // their vectors, which are small.
+    for (const WeightTensor& t : weight_tensors(weights_)) {
+        Buffer b;
+        if (t.cols > 0) {
+            if (weights_.generated) {
+                RandomMatrixSpec spec;
+                spec.key = random_tensor_key(weights_.seed, t.name);
+                spec.scale = random_weight_scale();
+                b = backend_.random_matrix(int(t.rows), int(t.cols), spec);
+            } else {
+                b = backend_.load_matrix(t.data->data(), int(t.rows), int(t.cols));
+            }
+        } else {
+            const std::vector<float> gen = weights_.generated
+                                               ? random_host_tensor(weights_.seed, t.name, t.rows)
+                                               : std::vector<float>();
+            const std::vector<float>& host = weights_.generated ? gen : *t.data;
+            b = backend_.alloc_floats(host.size());
+            backend_.upload(b.data(), host.data(), host.size() * sizeof(float));
+        }
+        device_.emplace(t.data, std::move(b));
+    }
+}
+
+void Model::stack_qkv() {
     for (const LayerWeights& lw : weights_.layers) {
         std::vector<float> w;
         w.reserve(lw.wq.size() + lw.wk.size() + lw.wv.size());
@@ -25,14 +63,18 @@ Model::Model(Backend& backend, const ModelWeights& weights) : backend_(backend),
         }
         bqkv_.push_back(std::move(b));
     }
-    inv_freq_ = backend_.alloc_floats(inv_freq_host_.size());
-    backend_.upload(inv_freq_.data(), inv_freq_host_.data(), inv_freq_host_.size() * sizeof(float));
 }
 
 const float* Model::w(const std::vector<float>& v) {
-    if (v.empty()) return nullptr;
-    if (host_weights_) return v.data();
-    IF_FAIL("device weight upload is not implemented for backend " << backend_.name());
+    if (host_weights_) return v.empty() ? nullptr : v.data();
+    const auto it = device_.find(&v);
+    return it == device_.end() ? nullptr : it->second.data();  // absent: an optional tensor
+}
+
+const std::vector<float>& Model::lm_head() const {
+    // A generated model has no data to tell a tied head from an untied one: the config does.
+    if (weights_.generated) return config().tied_embeddings ? weights_.tok_embd : weights_.output;
+    return weights_.lm_head();
 }
 
 void Model::ensure_scratch(int n) {
@@ -66,7 +108,7 @@ void Model::qkv(int l, const float* xn, int n, const int32_t* pos, float* q, flo
     const LayerWeights& lw = weights_.layers[l];
     const int qd = c.n_head * c.head_dim;
     const int kd = c.n_head_kv * c.head_dim;
-    if (q) {
+    if (q && host_weights_) {
         const int all = qd + 2 * kd;
         float* t = s_.qkv.data();
         backend_.matmul(xn, w(wqkv_[l]), w(bqkv_[l]), n, c.n_embd, all, t, false);
@@ -77,6 +119,8 @@ void Model::qkv(int l, const float* xn, int n, const int32_t* pos, float* q, flo
             backend_.copy(v + size_t(i) * kd, row + qd + kd, kd * sizeof(float));
         }
     } else {
+        // Backend weight storage: one GEMM per projection, straight into q, k and v.
+        if (q) backend_.matmul(xn, w(lw.wq), w(lw.bq), n, c.n_embd, qd, q, false);
         backend_.matmul(xn, w(lw.wk), w(lw.bk), n, c.n_embd, kd, k, false);
         backend_.matmul(xn, w(lw.wv), w(lw.bv), n, c.n_embd, kd, v, false);
     }
@@ -118,17 +162,11 @@ void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const
     if (n == 0) return;
     const ModelConfig& c = config();
     ensure_scratch(n);
-    const int kd = c.n_head_kv * c.head_dim;
     layer_qkv(l, hidden, n, pos, s_.q.data(), s_.k.data(), s_.v.data());
     // New K/V go into the cache before attention (DESIGN §3.5).
-    float* ck = cache.k(l);
-    float* cv = cache.v(l);
-    for (int i = 0; i < n; ++i) {
-        IF_CHECK(slots[i] >= 0 && slots[i] < cache.size(),
-                 "cache slot " << slots[i] << " outside [0, " << cache.size() << ")");
-        backend_.copy(ck + size_t(slots[i]) * kd, s_.k.data() + size_t(i) * kd, kd * sizeof(float));
-        backend_.copy(cv + size_t(slots[i]) * kd, s_.v.data() + size_t(i) * kd, kd * sizeof(float));
-    }
+    cache.write_rows(l, slots, s_.k.data(), s_.v.data(), n);
+    const float* ck = cache.k(l);
+    const float* cv = cache.v(l);
 
     AttnParams ap;
     ap.q = s_.q.data();
@@ -163,8 +201,7 @@ void Model::logits(const float* hidden, int n, float* out) {
     const ModelConfig& c = config();
     ensure_scratch(n);
     backend_.rms_norm(hidden, w(weights_.output_norm), n, c.n_embd, c.rms_eps, s_.xn.data());
-    backend_.matmul(s_.xn.data(), w(weights_.lm_head()), nullptr, n, c.n_embd, c.n_vocab, out,
-                    false);
+    backend_.matmul(s_.xn.data(), w(lm_head()), nullptr, n, c.n_embd, c.n_vocab, out, false);
 }
 
 void Model::rerotate_keys(float* k, int n, const int32_t* delta) {

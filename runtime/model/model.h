@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -26,7 +27,8 @@ class LayerTap {
 
 class Model {
   public:
-    // Keeps a reference to `weights` (the CPU backend reads them in place).
+    // Keeps a reference to `weights`. The CPU backend reads host weights in place; any other
+    // backend (or a generated model) gets every tensor once, here, in its own storage.
     Model(Backend& backend, const ModelWeights& weights);
     Model(const Model&) = delete;
     Model& operator=(const Model&) = delete;
@@ -81,14 +83,18 @@ class Model {
     };
     void ensure_scratch(int n);
     void qkv(int l, const float* xn, int n, const int32_t* pos, float* q, float* k, float* v);
+    void load_weights();  // every tensor into backend storage (not the CPU in-place path)
+    void stack_qkv();     // CPU in place: wq, wk, wv stacked per layer
     const float* w(const std::vector<float>& v);  // weight pointer in backend memory
+    const std::vector<float>& lm_head() const;
 
     Backend& backend_;
     const ModelWeights& weights_;
     bool host_weights_ = true;
-    std::vector<Buffer> uploaded_;
-    // Per layer: wq, wk, wv stacked into one [(n_head + 2*n_head_kv)*head_dim, n_embd] matrix
-    // (and their biases), so the three projections run as one wide GEMM.
+    // Backend copy of each tensor of `weights_`, by the address of its host vector.
+    std::unordered_map<const std::vector<float>*, Buffer> device_;
+    // CPU in place only. Per layer: wq, wk, wv stacked into one [(n_head + 2*n_head_kv)*head_dim,
+    // n_embd] matrix (and their biases), so the three projections run as one wide GEMM.
     std::vector<std::vector<float>> wqkv_, bqkv_;
     std::vector<float> inv_freq_host_;
     Buffer inv_freq_;

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kernels/random_init.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
 #include "runtime/formats/dequant.h"
@@ -160,13 +161,6 @@ uint64_t hash_bytes(const uint8_t* p, size_t n, uint64_t seed) {
     h *= kP3;
     h ^= h >> 32;
     return h;
-}
-
-inline uint64_t splitmix64(uint64_t& state) {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
 }
 
 // Shortest decimal that reads back as the same float (1e-05, not 9.999999747378752e-06).
@@ -483,40 +477,38 @@ bool parse_random(const std::string& path, std::string* shape, uint64_t* seed) {
 
 // ---- public API ----------------------------------------------------------------------------
 
-void permute_qk_rows_hf_to_gguf(float* rows, int n_head, int head_dim, int64_t row_len) {
+namespace {
+
+// Each head's rows between the two RoPE layouts: GGUF interleaves the halves of HF's,
+// gguf[2i] = hf[i] and gguf[2i+1] = hf[i + D/2]; `to_gguf` picks the direction.
+void permute_head_rows(float* rows, int n_head, int head_dim, int64_t row_len, bool to_gguf) {
     IF_CHECK(n_head > 0 && head_dim > 0 && head_dim % 2 == 0 && row_len > 0,
-             "Q/K permutation: bad n_head " << n_head << " / head_dim " << head_dim);
+             (to_gguf ? "Q/K permutation" : "Q/K un-permutation")
+                 << ": bad n_head " << n_head << " / head_dim " << head_dim);
     const int half = head_dim / 2;
+    const size_t bytes = size_t(row_len) * 4;
     std::vector<float> tmp(size_t(head_dim) * size_t(row_len));
     for (int h = 0; h < n_head; ++h) {
         float* head = rows + int64_t(h) * head_dim * row_len;
         for (int i = 0; i < half; ++i) {
-            // gguf[2i] = hf[i], gguf[2i+1] = hf[i + D/2]
-            std::memcpy(&tmp[size_t(2 * i) * row_len], head + int64_t(i) * row_len,
-                        size_t(row_len) * 4);
-            std::memcpy(&tmp[size_t(2 * i + 1) * row_len], head + int64_t(i + half) * row_len,
-                        size_t(row_len) * 4);
+            for (const int j : {0, 1}) {
+                const int64_t hf = i + j * half, gguf = 2 * i + j;
+                const int64_t dst = to_gguf ? gguf : hf, src = to_gguf ? hf : gguf;
+                std::memcpy(&tmp[size_t(dst * row_len)], head + src * row_len, bytes);
+            }
         }
         std::memcpy(head, tmp.data(), tmp.size() * 4);
     }
 }
 
+}  // namespace
+
+void permute_qk_rows_hf_to_gguf(float* rows, int n_head, int head_dim, int64_t row_len) {
+    permute_head_rows(rows, n_head, head_dim, row_len, true);
+}
+
 void unpermute_qk_rows_gguf_to_hf(float* rows, int n_head, int head_dim, int64_t row_len) {
-    IF_CHECK(n_head > 0 && head_dim > 0 && head_dim % 2 == 0 && row_len > 0,
-             "Q/K un-permutation: bad n_head " << n_head << " / head_dim " << head_dim);
-    const int half = head_dim / 2;
-    std::vector<float> tmp(size_t(head_dim) * size_t(row_len));
-    for (int h = 0; h < n_head; ++h) {
-        float* head = rows + int64_t(h) * head_dim * row_len;
-        for (int i = 0; i < half; ++i) {
-            // hf[i] = gguf[2i], hf[i + D/2] = gguf[2i+1]
-            std::memcpy(&tmp[size_t(i) * row_len], head + int64_t(2 * i) * row_len,
-                        size_t(row_len) * 4);
-            std::memcpy(&tmp[size_t(i + half) * row_len], head + int64_t(2 * i + 1) * row_len,
-                        size_t(row_len) * 4);
-        }
-        std::memcpy(head, tmp.data(), tmp.size() * 4);
-    }
+    permute_head_rows(rows, n_head, head_dim, row_len, false);
 }
 
 ModelConfig model_config_from_gguf(const GgufFile& f) {
@@ -625,100 +617,138 @@ ModelConfig model_config_from_hf(const std::string& dir) {
     return config_from_hf(dir, st);
 }
 
+namespace {
+
+// The synthetic model shapes: the dimensions of real models (and tiny ones for tests).
+struct RandomShape {
+    const char* name;
+    Arch arch;
+    int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
+    float rms_eps, rope_theta;
+    bool tied_embeddings, has_qkv_bias, has_qk_norm;
+    bool llama3_rope;  // Llama-3.1's rope scaling: factor 8, bands 1..4, 8192 original positions
+    int bos_id;
+    std::vector<int> eos_ids;
+};
+
+const std::vector<RandomShape>& random_shapes() {
+    // One model per two lines, the fields in the order of RandomShape.
+    // clang-format off
+    static const std::vector<RandomShape> shapes = {
+        // name          arch         layers embd heads kv hd   ff     vocab   positions
+        //     eps    theta       tied   qkv_bias qk_norm llama3 bos     eos
+        {"tiny",         Arch::llama, 2,  64,   4,  2,  16,  128,   512,    1024,
+             1e-5f, 10000.0f,   true,  false,   false,  false, 1,      {2}},
+        {"tiny-qwen2",   Arch::qwen2, 2,  64,   4,  2,  16,  128,   512,    1024,
+             1e-6f, 1000000.0f, true,  true,    false,  false, 1,      {2}},
+        {"tiny-qwen3",   Arch::qwen3, 2,  64,   4,  2,  32,  128,   512,    1024,
+             1e-6f, 1000000.0f, false, false,   true,   false, 1,      {2}},
+        {"smollm2-135m", Arch::llama, 30, 576,  9,  3,  64,  1536,  49152,  8192,
+             1e-5f, 100000.0f,  true,  false,   false,  false, 1,      {2}},
+        {"llama-3.1-8b", Arch::llama, 32, 4096, 32, 8,  128, 14336, 128256, 131072,
+             1e-5f, 500000.0f,  false, false,   false,  true,  128000, {128001, 128008, 128009}},
+        {"qwen3-14b",    Arch::qwen3, 40, 5120, 40, 8,  128, 17408, 151936, 40960,
+             1e-6f, 1000000.0f, false, false,   true,   false, 151643, {151645}},
+    };
+    // clang-format on
+    return shapes;
+}
+
+}  // namespace
+
 std::vector<std::string> random_model_shapes() {
-    return {"tiny", "tiny-qwen2", "tiny-qwen3", "smollm2-135m", "llama-3.1-8b", "qwen3-14b"};
+    std::vector<std::string> names;
+    for (const RandomShape& s : random_shapes()) names.push_back(s.name);
+    return names;
 }
 
 ModelConfig random_model_config(const std::string& shape) {
-    ModelConfig c;
-    c.name = "random:" + shape;
-    if (shape == "tiny" || shape == "tiny-qwen2" || shape == "tiny-qwen3") {
-        c.arch = Arch::llama;
-        c.n_layer = 2;
-        c.n_embd = 64;
-        c.n_head = 4;
-        c.n_head_kv = 2;
-        c.head_dim = 16;
-        c.n_ff = 128;
-        c.n_vocab = 512;
-        c.n_ctx_train = 1024;
-        c.rms_eps = 1e-5f;
-        c.rope_theta = 10000.0f;
-        c.tied_embeddings = true;
-        c.bos_id = 1;
-        c.eos_ids = {2};
-        if (shape == "tiny-qwen2") {
-            c.arch = Arch::qwen2;
-            c.has_qkv_bias = true;
-            c.rms_eps = 1e-6f;
-            c.rope_theta = 1000000.0f;
-        } else if (shape == "tiny-qwen3") {
-            c.arch = Arch::qwen3;
-            c.has_qk_norm = true;
-            c.head_dim = 32;
-            c.rms_eps = 1e-6f;
-            c.rope_theta = 1000000.0f;
-            c.tied_embeddings = false;
-        }
-    } else if (shape == "smollm2-135m") {
-        c.arch = Arch::llama;
-        c.n_layer = 30;
-        c.n_embd = 576;
-        c.n_head = 9;
-        c.n_head_kv = 3;
-        c.head_dim = 64;
-        c.n_ff = 1536;
-        c.n_vocab = 49152;
-        c.n_ctx_train = 8192;
-        c.rms_eps = 1e-5f;
-        c.rope_theta = 100000.0f;
-        c.tied_embeddings = true;
-        c.bos_id = 1;
-        c.eos_ids = {2};
-    } else if (shape == "llama-3.1-8b") {
-        c.arch = Arch::llama;
-        c.n_layer = 32;
-        c.n_embd = 4096;
-        c.n_head = 32;
-        c.n_head_kv = 8;
-        c.head_dim = 128;
-        c.n_ff = 14336;
-        c.n_vocab = 128256;
-        c.n_ctx_train = 131072;
-        c.rms_eps = 1e-5f;
-        c.rope_theta = 500000.0f;
-        c.rope_scaling.type = "llama3";
-        c.rope_scaling.factor = 8.0f;
-        c.rope_scaling.low_freq_factor = 1.0f;
-        c.rope_scaling.high_freq_factor = 4.0f;
-        c.rope_scaling.original_context = 8192;
-        c.tied_embeddings = false;
-        c.bos_id = 128000;
-        c.eos_ids = {128001, 128008, 128009};
-    } else if (shape == "qwen3-14b") {
-        c.arch = Arch::qwen3;
-        c.n_layer = 40;
-        c.n_embd = 5120;
-        c.n_head = 40;
-        c.n_head_kv = 8;
-        c.head_dim = 128;
-        c.n_ff = 17408;
-        c.n_vocab = 151936;
-        c.n_ctx_train = 40960;
-        c.rms_eps = 1e-6f;
-        c.rope_theta = 1000000.0f;
-        c.tied_embeddings = false;
-        c.has_qk_norm = true;
-        c.bos_id = 151643;
-        c.eos_ids = {151645};
-    } else {
+    const auto& shapes = random_shapes();
+    const auto it = std::find_if(shapes.begin(), shapes.end(),
+                                 [&](const RandomShape& s) { return shape == s.name; });
+    if (it == shapes.end()) {
         std::string all;
         for (const auto& s : random_model_shapes()) all += (all.empty() ? "" : ", ") + s;
         IF_FAIL("random:" << shape << ": unknown model shape '" << shape << "' (known: " << all
                           << ")");
     }
+    ModelConfig c;
+    c.name = "random:" + shape;
+    c.arch = it->arch;
+    c.n_layer = it->n_layer;
+    c.n_embd = it->n_embd;
+    c.n_head = it->n_head;
+    c.n_head_kv = it->n_head_kv;
+    c.head_dim = it->head_dim;
+    c.n_ff = it->n_ff;
+    c.n_vocab = it->n_vocab;
+    c.n_ctx_train = it->n_ctx_train;
+    c.rms_eps = it->rms_eps;
+    c.rope_theta = it->rope_theta;
+    c.tied_embeddings = it->tied_embeddings;
+    c.has_qkv_bias = it->has_qkv_bias;
+    c.has_qk_norm = it->has_qk_norm;
+    if (it->llama3_rope) {
+        c.rope_scaling.type = "llama3";
+        c.rope_scaling.factor = 8.0f;
+        c.rope_scaling.low_freq_factor = 1.0f;
+        c.rope_scaling.high_freq_factor = 4.0f;
+        c.rope_scaling.original_context = 8192;
+    }
+    c.bos_id = it->bos_id;
+    c.eos_ids = it->eos_ids;
     c.validate(c.name);
     return c;
+}
+
+uint64_t random_tensor_key(uint64_t seed, const std::string& hf_name) {
+    return seed ^ fnv1a64(hf_name);
+}
+
+// Irwin-Hall: the sum of 4 uniforms on [0, 65536) has variance 65536^2/3; scale to 0.02 std.
+float random_weight_scale() { return 0.02f * std::sqrt(3.0f) / 65536.0f; }
+
+std::vector<float> random_host_tensor(uint64_t seed, const std::string& hf_name, size_t n) {
+    std::vector<float> t(n);
+    if (hf_name.find("norm") != std::string::npos) {
+        std::fill(t.begin(), t.end(), 1.0f);
+        return t;
+    }
+    const uint64_t key = random_tensor_key(seed, hf_name);
+    const float scale = random_weight_scale();
+    for (size_t i = 0; i < n; ++i) t[i] = random_weight(key, i, scale);
+    return t;
+}
+
+std::vector<WeightTensor> weight_tensors(const ModelWeights& w) {
+    IF_CHECK(w.layers.size() == size_t(w.config.n_layer), w.source << ": " << w.layers.size()
+                                                                   << " layers, the config needs "
+                                                                   << w.config.n_layer);
+    std::vector<WeightTensor> out;
+    // tensor_slots only resizes the layer list, which already has the config's size.
+    for (const TensorSlot& s : tensor_slots(w.config, const_cast<ModelWeights&>(w))) {
+        WeightTensor t;
+        t.name = s.hf;
+        t.rows = s.shape[0];
+        t.cols = s.shape.size() == 2 ? s.shape[1] : 0;
+        t.data = s.dst;
+        t.is_norm = s.hf.find("norm") != std::string::npos;
+        out.push_back(t);
+    }
+    return out;
+}
+
+ModelWeights make_generated_weights(const ModelConfig& c, uint64_t seed) {
+    c.validate(c.name.empty() ? "random model" : c.name);
+    ModelWeights w;
+    w.config = c;
+    w.source = c.name + ":" + std::to_string(seed);
+    w.generated = true;
+    w.seed = seed;
+    w.layers.resize(size_t(c.n_layer));
+    w.validate();
+    w.fingerprint = model_fingerprint(w);
+    return w;
 }
 
 ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {
@@ -729,22 +759,7 @@ ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {
     w.source = c.name + ":" + std::to_string(seed);
     for (const TensorSlot& s : tensor_slots(c, w)) {
         std::vector<float>& t = *s.dst;
-        t.resize(size_t(numel(s.shape)));
-        const bool is_norm = s.hf.find("norm") != std::string::npos;
-        if (is_norm) {
-            std::fill(t.begin(), t.end(), 1.0f);
-            continue;
-        }
-        uint64_t state = seed ^ fnv1a64(s.hf);
-        splitmix64(state);
-        // Irwin-Hall: the sum of 4 uniforms has variance 1/3; centre and scale to 0.02 std.
-        const float scale = 0.02f * std::sqrt(3.0f) / 65536.0f;
-        for (float& x : t) {
-            const uint64_t r = splitmix64(state);
-            const uint32_t sum = uint32_t(r & 0xFFFF) + uint32_t((r >> 16) & 0xFFFF) +
-                                 uint32_t((r >> 32) & 0xFFFF) + uint32_t(r >> 48);
-            x = (float(sum) + 2.0f - 131072.0f) * scale;
-        }
+        t = random_host_tensor(seed, s.hf, size_t(numel(s.shape)));
     }
     w.validate();
     w.fingerprint = model_fingerprint(w);
@@ -802,6 +817,8 @@ std::string model_fingerprint(const ModelWeights& w) {
        << bits(c.rope_scaling.high_freq_factor) << ";" << c.rope_scaling.original_context << ";"
        << c.tied_embeddings << ";" << c.has_qkv_bias << ";" << c.has_qk_norm << ";";
     for (float f : c.rope_freq_factors) os << bits(f) << ",";
+    // Generated weights are a function of the config and the seed alone.
+    if (w.generated) return hex64(fnv1a64("generated;" + std::to_string(w.seed) + ";" + os.str()));
     uint64_t h = fnv1a64(os.str());
     ModelWeights& mw = const_cast<ModelWeights&>(w);  // tensor_slots only reads it here
     IF_CHECK(w.layers.size() == size_t(c.n_layer), w.source << ": fingerprint of a model with "
@@ -994,7 +1011,9 @@ ModelWeights load_model_weights(const std::string& path, const LoadOptions& opt)
     std::string shape;
     uint64_t seed = 0;
     if (parse_random(path, &shape, &seed)) {
-        ModelWeights w = make_random_weights(random_model_config(shape), seed);
+        ModelWeights w = opt.generate_on_backend
+                             ? make_generated_weights(random_model_config(shape), seed)
+                             : make_random_weights(random_model_config(shape), seed);
         w.source = path;
         return w;
     }
@@ -1010,8 +1029,25 @@ ModelWeights load_model_weights(const std::string& path, const LoadOptions& opt)
         w = load_gguf(path, opt);
     }
     w.validate();
+    if (opt.check_finite) check_weights_finite(w);
     w.fingerprint = model_fingerprint(w);
     return w;
+}
+
+void check_weights_finite(const ModelWeights& w) {
+    ModelWeights& mw = const_cast<ModelWeights&>(w);  // tensor_slots only reads it here
+    for (const TensorSlot& s : tensor_slots(w.config, mw)) {
+        const std::vector<float>& t = *s.dst;
+        for (size_t i = 0; i < t.size(); ++i) {
+            if (!std::isfinite(t[i])) {
+                IF_FAIL(w.source << ": tensor '" << s.hf << "' (GGUF '" << s.gguf << "') has a "
+                                 << (std::isnan(t[i]) ? "NaN" : "infinite value") << " at element "
+                                 << i << " of " << t.size()
+                                 << " (a corrupt file; set model.check_finite = false to load it "
+                                    "anyway)");
+            }
+        }
+    }
 }
 
 }  // namespace infoflow

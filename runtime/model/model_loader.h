@@ -19,6 +19,12 @@ struct LoadOptions {
     // Undo the llama GGUF Q/K row permutation (FORMATS §4.2). Tests turn it off as a negative
     // control; nothing else should.
     bool unpermute_qk = true;
+    // random: models only: return the config and seed without tensor data
+    // (make_generated_weights); the backend generates each tensor where it is used.
+    bool generate_on_backend = false;
+    // Reject NaN/Inf in any loaded tensor of a file, naming the file, the tensor and the first
+    // bad element (DESIGN §11; config model.check_finite). Synthetic models are always finite.
+    bool check_finite = true;
 };
 
 // The config alone (cheap: reads metadata, config.json and tensor headers, no weight data).
@@ -44,11 +50,35 @@ ModelConfig random_model_config(const std::string& shape);
 // Seeded, deterministic: matrices and biases ~ approximately normal (Irwin-Hall of 4 uniforms)
 // times 0.02, norms 1. Refuses (error) when the fp32 weights would not fit in memory.
 ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed);
+// The same model without host data (ModelWeights::generated): tensors empty, layers sized to
+// the config. Nothing is allocated, whatever the model's size.
+ModelWeights make_generated_weights(const ModelConfig& c, uint64_t seed);
+// The generator behind both (kernels/random_init.h): tensor `hf_name` has key
+// random_tensor_key(seed, hf_name) and element i = random_weight(key, i, random_weight_scale());
+// norms are 1 (names containing "norm").
+uint64_t random_tensor_key(uint64_t seed, const std::string& hf_name);
+float random_weight_scale();
+std::vector<float> random_host_tensor(uint64_t seed, const std::string& hf_name, size_t n);
+
+// Every tensor the config calls for, with its Hugging Face name and PyTorch shape, pointing
+// into `w` (whose layer list must have the config's size).
+struct WeightTensor {
+    std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    int64_t rows = 0;  // [rows, cols] for a matrix, [rows] for a vector (cols = 0)
+    int64_t cols = 0;
+    const std::vector<float>* data = nullptr;
+    bool is_norm = false;
+};
+std::vector<WeightTensor> weight_tensors(const ModelWeights& w);
 
 // llama GGUF Q/K row order, in place. rows: [n_head*head_dim, row_len] (row_len 1 for biases).
 // hf_to_gguf is the converter's permutation (§4.1); gguf_to_hf its exact inverse (§4.2).
 void permute_qk_rows_hf_to_gguf(float* rows, int n_head, int head_dim, int64_t row_len);
 void unpermute_qk_rows_gguf_to_hf(float* rows, int n_head, int head_dim, int64_t row_len);
+
+// Throws infoflow::Error naming `w.source`, the tensor and the element index of the first NaN or
+// Inf in any weight tensor.
+void check_weights_finite(const ModelWeights& w);
 
 // Stable 64-bit hash (16 hex digits) of the config's numeric fields and every weight byte; the
 // same fp32 weights and config give the same fingerprint whatever file they came from.

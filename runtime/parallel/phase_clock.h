@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "runtime/core/progress.h"
 #include "runtime/method/pipeline.h"
 
 namespace infoflow {
@@ -22,6 +23,7 @@ class SpClock final {
         comm_.set_phase(name);
         start_ = comm_.stats(name);
         t0_ = Clock::now();
+        progress::phase_begin(name);
     }
     void end() {
         const CommStats s = comm_.stats(name_);
@@ -32,6 +34,7 @@ class SpClock final {
         p.bytes_recv = s.bytes_recv - start_.bytes_recv;
         p.wait_ms = s.wait_ms - start_.wait_ms;
         out_.push_back(p);
+        progress::phase_end(name_, p.ms);
         comm_.set_phase("other");
     }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "runtime/core/error.h"
+#include "runtime/method/phases.h"
 #include "runtime/parallel/phase_clock.h"
 #include "runtime/parallel/sp_pipeline.h"
 
@@ -29,145 +30,164 @@ std::vector<std::vector<int32_t>> ring_shards(int n, int n_ranks, bool zigzag) {
     return out;
 }
 
-MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cfg,
-                      Communicator& comm, const std::vector<int32_t>& stop_ids) {
+namespace {
+
+// One rank's share of the ring prefill: its tokens' hidden states and attention scratch.
+struct RingRows {
+    RingRows(const std::vector<std::vector<int32_t>>& s, int n_rows) : shards(s), n(n_rows) {}
+    const std::vector<std::vector<int32_t>>& shards;  // positions of every rank's shard
+    int n = 0;                                        // this rank's tokens
+    Buffer h, q, out, lse, o_step, l_step;
+    Buffer buf[2];  // double buffers of [k rows | v rows] travelling around the ring
+    Buffer all_kv;  // ring.exchange = "allgather": every rank's [k rows | v rows]
+};
+
+// Attention of this rank's queries over one block of keys, merged into (out, lse) unless it is
+// the first block.
+void attend_block(Backend& be, AttnParams& ap, RingRows& w, const float* k, const float* v,
+                  const std::vector<int32_t>& k_pos, bool first, int n_states, int head_dim) {
+    ap.k = k;
+    ap.v = v;
+    ap.k_pos = k_pos.data();
+    ap.n_kv = int(k_pos.size());
+    ap.out = first ? w.out.data() : w.o_step.data();
+    ap.lse = first ? w.lse.data() : w.l_step.data();
+    be.attention(ap);
+    if (!first) {
+        be.lse_merge(w.out.data(), w.lse.data(), w.o_step.data(), w.l_step.data(), n_states,
+                     head_dim);
+    }
+}
+
+// ring.exchange = "allgather" (the authors' baseline): every rank's K/V of layer l at once,
+// then attention block by block.
+void attend_allgather(Model& model, Communicator& comm, AttnParams& ap, RingRows& w) {
+    const ModelConfig& c = model.config();
+    const int P = comm.size(), row = c.n_head_kv * c.head_dim;
+    std::vector<size_t> bytes(P);
+    for (int p = 0; p < P; ++p) bytes[p] = w.shards[p].size() * 2 * row * sizeof(float);
+    comm.all_gather_v(w.buf[0].data(), bytes[comm.rank()], w.all_kv.data(), bytes);
+    const float* block = w.all_kv.data();
+    bool first = true;
+    for (int p = 0; p < P; ++p) {
+        const size_t np = w.shards[p].size();
+        if (np > 0) {
+            attend_block(model.backend(), ap, w, block, block + np * row, w.shards[p], first,
+                         w.n * c.n_head, c.head_dim);
+            first = false;
+        }
+        block += np * 2 * row;
+    }
+}
+
+// The ring: P steps; at each, post the next block's receive and this block's send, attend the
+// current block while it travels on, wait, swap buffers.
+void attend_ring(Model& model, Communicator& comm, AttnParams& ap, RingRows& w, int l) {
+    const ModelConfig& c = model.config();
+    const int P = comm.size(), rank = comm.rank(), row = c.n_head_kv * c.head_dim;
+    int cur = 0;
+    for (int s = 0; s < P; ++s) {
+        const int src = (rank - s + P) % P;  // owner of the block in buf[cur]
+        const size_t np = w.shards[src].size();
+        Request send, recv;
+        if (s < P - 1) {
+            const int next_src = (rank - s - 1 + P) % P;
+            const size_t in_bytes = w.shards[next_src].size() * 2 * row * sizeof(float);
+            recv = comm.irecv(w.buf[1 - cur].data(), in_bytes, (rank - 1 + P) % P, l);
+            send = comm.isend(w.buf[cur].data(), np * 2 * row * sizeof(float), (rank + 1) % P, l);
+        }
+        if (np > 0 && w.n > 0) {
+            const float* k = w.buf[cur].data();
+            attend_block(model.backend(), ap, w, k, k + np * row, w.shards[src], s == 0,
+                         w.n * c.n_head, c.head_dim);
+        }
+        send.wait();
+        recv.wait();
+        cur = 1 - cur;
+    }
+}
+
+// The exact causal prefill of this rank's shard `mine` over every rank's keys; its K/V are
+// stored in `cache`. Returns the last position's logits on rank 0 (zeros elsewhere).
+std::vector<float> ring_prefill(Model& model, Communicator& comm, const Config& cfg,
+                                const std::vector<int32_t>& seq,
+                                const std::vector<std::vector<int32_t>>& shards, KvCache& cache) {
     const ModelConfig& c = model.config();
     Backend& be = model.backend();
-    const int P = comm.size();
-    const int rank = comm.rank();
-    const bool zigzag = cfg.ring.layout == Config::RingLayout::zigzag;
+    const std::vector<int32_t>& mine = shards[comm.rank()];
+    const int row = c.n_head_kv * c.head_dim, qd = c.n_head * c.head_dim;
+    size_t n_max = 0, n_all = 0;
+    for (const auto& s : shards) {
+        n_max = std::max(n_max, s.size());
+        n_all += s.size();
+    }
+    RingRows w(shards, int(mine.size()));
+    const size_t m = size_t(std::max(1, w.n));
+    w.h = be.alloc_floats(m * c.n_embd);
+    w.q = be.alloc_floats(m * qd);
+    w.out = be.alloc_floats(m * qd);
+    w.lse = be.alloc_floats(m * c.n_head);
+    w.o_step = be.alloc_floats(m * qd);
+    w.l_step = be.alloc_floats(m * c.n_head);
+    for (Buffer& b : w.buf) b = be.alloc_floats(std::max<size_t>(1, n_max * 2 * row));
     const bool allgather = cfg.ring.exchange == Config::RingExchange::allgather;
-    MethodResult r;
-    r.method = "ring";
-    r.ranks = P;
-    r.context_tokens = req.context_tokens();
-    r.suffix_tokens = int(req.suffix.size());
-    const std::vector<int32_t> seq = req.full_sequence();
-    const int N = int(seq.size());
-    const int max_new = cfg.decode.max_new_tokens;
-    IF_CHECK(N + std::max(0, max_new - 1) <= c.n_ctx_train,
-             "the request needs " << N + std::max(0, max_new - 1) << " positions but the model has "
-                                  << c.n_ctx_train);
-    r.chunk_order.resize(req.n_chunks());
-    for (int i = 0; i < req.n_chunks(); ++i) r.chunk_order[i] = i;
-
-    const auto shards = ring_shards(N, P, zigzag);
-    const std::vector<int32_t>& mine = shards[rank];
-    const int n = int(mine.size());
-    const int row = c.n_head_kv * c.head_dim;
-    const int qd = c.n_head * c.head_dim;
-    const size_t n_max =
-        std::max_element(shards.begin(), shards.end(), [](const auto& a, const auto& b) {
-            return a.size() < b.size();
-        })->size();
-
-    SpClock clock(comm, r.phases);
-    clock.begin("ring_prefill");
-    KvCache cache = model.make_cache(n + max_new);
-    cache.append(n, mine.data(), nullptr);
-    std::vector<int32_t> toks(n);
-    for (int i = 0; i < n; ++i) toks[i] = seq[mine[i]];
-    Buffer h = be.alloc_floats(size_t(std::max(1, n)) * c.n_embd);
-    Buffer q = be.alloc_floats(size_t(std::max(1, n)) * qd);
-    Buffer out = be.alloc_floats(size_t(std::max(1, n)) * qd);
-    Buffer lse = be.alloc_floats(size_t(std::max(1, n)) * c.n_head);
-    Buffer o_step = be.alloc_floats(size_t(std::max(1, n)) * qd);
-    Buffer l_step = be.alloc_floats(size_t(std::max(1, n)) * c.n_head);
-    // Double buffers of [k rows | v rows] for the ring.
-    std::vector<float> buf[2] = {std::vector<float>(std::max<size_t>(1, n_max * 2 * row)),
-                                 std::vector<float>(std::max<size_t>(1, n_max * 2 * row))};
-    std::vector<float> all_kv;
-    std::vector<int32_t> all_pos;
-    model.embed(toks.data(), n, h.data());
+    if (allgather) w.all_kv = be.alloc_floats(std::max<size_t>(1, n_all * 2 * row));
+    cache.append(w.n, mine.data(), nullptr);
+    std::vector<int32_t> toks(w.n);
+    for (int i = 0; i < w.n; ++i) toks[i] = seq[mine[i]];
+    model.embed(toks.data(), w.n, w.h.data());
 
     AttnParams ap;
     ap.n_head = c.n_head;
     ap.n_head_kv = c.n_head_kv;
     ap.head_dim = c.head_dim;
     ap.kv_stride = row;
-    ap.q = q.data();
+    ap.q = w.q.data();
     ap.q_pos = mine.data();
-    ap.n_q = n;
+    ap.n_q = w.n;
     for (int l = 0; l < c.n_layer; ++l) {
-        float* k_own = buf[0].data();
-        float* v_own = buf[0].data() + size_t(n) * row;
-        model.layer_qkv(l, h.data(), n, mine.data(), q.data(), k_own, v_own);
-        be.copy(cache.k(l), k_own, size_t(n) * row * sizeof(float));
-        be.copy(cache.v(l), v_own, size_t(n) * row * sizeof(float));
+        float* k_own = w.buf[0].data();
+        float* v_own = k_own + size_t(w.n) * row;
+        model.layer_qkv(l, w.h.data(), w.n, mine.data(), w.q.data(), k_own, v_own);
+        cache.write_range(l, 0, w.n, k_own, v_own);
         if (allgather) {
-            std::vector<size_t> bytes(P);
-            size_t total = 0;
-            for (int p = 0; p < P; ++p) {
-                bytes[p] = shards[p].size() * 2 * row * sizeof(float);
-                total += shards[p].size();
-            }
-            all_kv.resize(std::max<size_t>(1, total * 2 * row));
-            comm.all_gather_v(buf[0].data(), bytes[rank], all_kv.data(), bytes);
-            // Keys of rank p: [k rows | v rows] at its offset; attend block by block, merged.
-            size_t off = 0;
-            bool first = true;
-            for (int p = 0; p < P; ++p) {
-                const int np = int(shards[p].size());
-                if (np > 0) {
-                    ap.k = all_kv.data() + off;
-                    ap.v = all_kv.data() + off + size_t(np) * row;
-                    ap.k_pos = shards[p].data();
-                    ap.n_kv = np;
-                    ap.out = first ? out.data() : o_step.data();
-                    ap.lse = first ? lse.data() : l_step.data();
-                    be.attention(ap);
-                    if (!first)
-                        be.lse_merge(out.data(), lse.data(), o_step.data(), l_step.data(),
-                                     n * c.n_head, c.head_dim);
-                    first = false;
-                }
-                off += size_t(np) * 2 * row;
-            }
+            attend_allgather(model, comm, ap, w);
         } else {
-            int cur = 0;
-            for (int s = 0; s < P; ++s) {
-                const int src = (rank - s + P) % P;  // owner of the block in buf[cur]
-                const int np = int(shards[src].size());
-                Request send, recv;
-                if (s < P - 1) {
-                    const int next_src = (rank - s - 1 + P) % P;
-                    const size_t in_bytes = shards[next_src].size() * 2 * row * sizeof(float);
-                    recv = comm.irecv(buf[1 - cur].data(), in_bytes, (rank - 1 + P) % P, l);
-                    send = comm.isend(buf[cur].data(), size_t(np) * 2 * row * sizeof(float),
-                                      (rank + 1) % P, l);
-                }
-                if (np > 0 && n > 0) {  // attention on the current block while it travels on
-                    ap.k = buf[cur].data();
-                    ap.v = buf[cur].data() + size_t(np) * row;
-                    ap.k_pos = shards[src].data();
-                    ap.n_kv = np;
-                    ap.out = s == 0 ? out.data() : o_step.data();
-                    ap.lse = s == 0 ? lse.data() : l_step.data();
-                    be.attention(ap);
-                    if (s > 0)
-                        be.lse_merge(out.data(), lse.data(), o_step.data(), l_step.data(),
-                                     n * c.n_head, c.head_dim);
-                }
-                send.wait();
-                recv.wait();
-                cur = 1 - cur;
-            }
+            attend_ring(model, comm, ap, w, l);
         }
-        model.layer_post(l, h.data(), out.data(), n);
+        model.layer_post(l, w.h.data(), w.out.data(), w.n);
     }
     // The last position (N-1) is rank 0's last token.
-    r.first_logits.assign(c.n_vocab, 0.0f);
-    if (rank == 0) {
-        IF_CHECK(n > 0 && mine.back() == N - 1, "ring: rank 0 must hold the last position");
+    std::vector<float> logits(c.n_vocab, 0.0f);
+    if (comm.rank() == 0) {
+        IF_CHECK(w.n > 0 && mine.back() == int(seq.size()) - 1,
+                 "ring: rank 0 must hold the last position");
         Buffer lg = be.alloc_floats(c.n_vocab);
-        model.logits(h.data() + size_t(n - 1) * c.n_embd, 1, lg.data());
-        be.download(r.first_logits.data(), lg.data(), r.first_logits.size() * sizeof(float));
+        model.logits(w.h.data() + size_t(w.n - 1) * c.n_embd, 1, lg.data());
+        be.download(logits.data(), lg.data(), logits.size() * sizeof(float));
     }
+    return logits;
+}
+
+}  // namespace
+
+MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cfg,
+                      Communicator& comm, const std::vector<int32_t>& stop_ids) {
+    MethodResult r = start_result(model, req, cfg, comm.size());
+    r.method = "ring";
+    r.chunk_order = identity_order(req.n_chunks());
+    const std::vector<int32_t> seq = req.full_sequence();
+    const auto shards =
+        ring_shards(int(seq.size()), comm.size(), cfg.ring.layout == Config::RingLayout::zigzag);
+    SpClock clock(comm, r.phases);
+    clock.begin("ring_prefill");
+    KvCache cache = model.make_cache(int(shards[comm.rank()].size()) + cfg.decode.max_new_tokens);
+    r.first_logits = ring_prefill(model, comm, cfg, seq, shards, cache);
     clock.end();
     r.ttft_ms = r.phases.back().ms;
     clock.begin("decode");
-    r.answer =
-        generate_replicated(model, comm, cache, 0, r.first_logits, N, cfg, stop_ids, &r.stopped);
+    r.answer = generate_replicated(model, comm, cache, 0, r.first_logits, int(seq.size()), cfg,
+                                   stop_ids, &r.stopped);
     clock.end();
     gather_phases(comm, r);
     return r;

@@ -1,7 +1,9 @@
 // The sequence-parallel method on P ranks (DESIGN §5.1-§5.3): shard prefill with no messages,
 // scoring with a globally merged (or local) softmax and one all-reduce of the per-token scores,
 // selective recompute with the selected tokens' K/V all-gathered per layer ("kv") or with
-// pass-Q partial attention ("exact"), and the answer on rank 0.
+// pass-Q partial attention ("exact"), and the answer on rank 0. The phases themselves are in
+// sp_phases.h; forward_replicated and generate_replicated, shared with ring attention, live with
+// the answer (sp_answer.cpp).
 #pragma once
 
 #include <cstdint>

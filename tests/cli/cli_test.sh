@@ -10,6 +10,20 @@
 #       fault      - a rank that fails mid-run stops every rank (MPI_Abort) within 30 s with a
 #                    message naming the failing rank
 #       badkey     - an unknown config key is an error naming the key and file:line
+#       demo       - configs/demo.toml's default question is answered correctly (its
+#                    request.reference) by `full` on 1 rank and `infoflow` on 2 ranks, the run
+#                    prints the reference with "match" and progress lines (phases, tok/s)
+#       planned    - planned features (reform, bf16) stop
+#                    at start-up with "not implemented yet", before any model is loaded
+#       version    - --version prints the version, a commit and the build features
+#       schema     - answer (1 and 2 ranks), niah, eval and bench-ttft results validate against
+#                    docs/result.schema.json, and carry the provenance of this build and model
+#       jsonl      - a 2-case niah sweep interrupted after its first case leaves exactly one
+#                    valid row in <out>.jsonl and no half-written <out>.json
+#       resultsdir - bench-ttft with --out elsewhere writes nothing into bench/results/;
+#                    --results-dir DIR writes DIR/<output.name>.json and .csv
+#       install    - `cmake --install` into a temp prefix; the installed binary, with the
+#                    installed configs, answers the France question; docs and configs are there
 set -uo pipefail
 bin="$1"; mpiexec="$2"; case_name="$3"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -90,6 +104,169 @@ badkey)
     cat "$tmp/out.txt"
     grep -q "unknown key 'method.rato' at $tmp/bad.toml:3" "$tmp/out.txt" || fail "message"
     grep -q "did you mean 'method.ratio'" "$tmp/out.txt" || fail "no suggestion"
+    ;;
+demo)
+    # Both answers must contain request.reference; the 2-rank run is the demo itself.
+    ref="$(python3 -c 'import tomllib,sys; print(tomllib.load(open("configs/demo.toml","rb"))["request"]["reference"])')"
+    [ -n "$ref" ] || fail "configs/demo.toml has no request.reference"
+    "$bin" --config configs/demo.toml --set method.name=full --set model.threads=2 \
+        --out "$tmp/full.json" > "$tmp/full.txt" 2> "$tmp/full.err" \
+        || { cat "$tmp/full.txt" "$tmp/full.err"; fail "full run exited non-zero"; }
+    "$mpiexec" -n 2 --oversubscribe "$bin" --config configs/demo.toml --set model.threads=1 \
+        --out "$tmp/sp.json" > "$tmp/sp.txt" 2> "$tmp/sp.err" \
+        || { cat "$tmp/sp.txt" "$tmp/sp.err"; fail "2-rank run exited non-zero"; }
+    cat "$tmp/full.txt" "$tmp/sp.txt" "$tmp/sp.err"
+    for f in full sp; do
+        grep -q "^reference  : $ref  (match" "$tmp/$f.txt" || fail "$f: reference line without match"
+    done
+    for phase in load shard_prefill scoring recompute suffix_prefill decode; do
+        grep -q "^\[progress\] $phase" "$tmp/sp.err" || fail "no progress line for $phase"
+    done
+    grep -q "^\[progress\] shard_prefill done: .* tok/s" "$tmp/sp.err" || fail "no tok/s"
+    grep -q "^\[progress\] chunk_prefill\|^\[progress\] prefill done" "$tmp/full.err" \
+        || fail "no progress line in the full run"
+    python3 - "$tmp/full.json" "$tmp/sp.json" "$ref" <<'PY' || exit 1
+import json, sys
+ref = sys.argv[3].lower()
+for path, method, ranks in [(sys.argv[1], "full", 1), (sys.argv[2], "infoflow", 2)]:
+    r = json.load(open(path))
+    assert r["method"] == method and r["ranks"] == ranks, (path, r["method"], r["ranks"])
+    assert ref in r["answer"]["text"].lower(), f"{method}: {r['answer']['text']!r} lacks {ref!r}"
+    assert r["reference"]["match"] is True
+    print(f"ok: {method} on {ranks} rank(s): {r['answer']['text']!r}")
+PY
+    ;;
+planned)
+    for set in method.name=reform model.dtype=bf16; do
+        start=$(date +%s%N)
+        if "$bin" --config configs/demo.toml --set "$set" > "$tmp/out.txt" 2>&1; then
+            fail "--set $set was accepted"
+        fi
+        ms=$(( ($(date +%s%N) - start) / 1000000 ))
+        cat "$tmp/out.txt"
+        grep -q "not implemented yet" "$tmp/out.txt" || fail "--set $set: no 'not implemented yet'"
+        grep -q "${set%%=*}" "$tmp/out.txt" || fail "--set $set: error does not name the key"
+        [ "$ms" -lt 5000 ] || fail "--set $set took $ms ms: rejected after loading?"
+    done
+    echo "ok: every planned feature rejected at start-up"
+    ;;
+version)
+    "$bin" --version > "$tmp/out.txt" 2>&1 || fail "--version exited non-zero"
+    cat "$tmp/out.txt"
+    grep -Eq '^infoflow_sp [0-9]+\.[0-9]+\.[0-9]+ \(commit ([0-9a-f]{7,}(-dirty)?|unknown), ' \
+        "$tmp/out.txt" || fail "no version and commit"
+    want="$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+    grep -q "commit $want" "$tmp/out.txt" || fail "commit is not HEAD ($want): rebuild, the binary was built from another commit"
+    grep -q '^features: cpu ' "$tmp/out.txt" || fail "no build features"
+    ;;
+schema)
+    schema="$root/docs/result.schema.json"
+    export INFOFLOW_PROGRESS=0
+    "$bin" --config configs/full.toml --set model.threads=2 --set decode.max_new_tokens=4 \
+        --set 'request.documents=[]' --set request.question="What is the capital of France?" \
+        --out "$tmp/answer1.json" > /dev/null || fail "answer on 1 rank"
+    "$mpiexec" -n 2 --oversubscribe "$bin" --config configs/demo.toml --set model.threads=1 \
+        --set decode.max_new_tokens=4 --out "$tmp/answer2.json" > /dev/null || fail "answer on 2 ranks"
+    "$bin" --config configs/niah-smollm2.toml --set 'niah.lengths=[256]' --set 'niah.depths=[0.5]' \
+        --set 'niah.methods=[full,infoflow]' --set 'niah.layouts=[global]' --set method.reorder=false \
+        --set decode.max_new_tokens=4 --out "$tmp/niah.json" > /dev/null || fail "niah"
+    "$bin" --config configs/eval-example.toml --set eval.max_samples=1 \
+        --set decode.max_new_tokens=4 --out "$tmp/eval.json" > /dev/null || fail "eval"
+    "$mpiexec" -n 2 --oversubscribe "$bin" --config configs/bench-ttft-smollm2.toml \
+        --set model.path=random:tiny --set 'bench.lengths=[256]' --set bench.runs=2 \
+        --set bench.warmup=0 --set chunking.size=64 --out "$tmp/bench.json" > /dev/null || fail "bench"
+    python3 "$root/tests/cli/validate_result.py" "$schema" "$tmp"/answer1.json "$tmp"/answer2.json \
+        "$tmp"/niah.json "$tmp"/eval.json "$tmp"/bench.json || exit 1
+    python3 "$root/tests/cli/validate_result.py" "$schema" --rows niah "$tmp/niah.jsonl" || exit 1
+    python3 "$root/tests/cli/validate_result.py" "$schema" --rows eval "$tmp/eval.jsonl" || exit 1
+    # Provenance names this build and this model file.
+    python3 - "$tmp" "$("$bin" --version | head -n 1)" "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" <<'PY' || exit 1
+import json, os, socket, sys
+tmp, version_line, model = sys.argv[1], sys.argv[2], sys.argv[3]
+a1 = json.load(open(f"{tmp}/answer1.json"))["provenance"]
+a2 = json.load(open(f"{tmp}/answer2.json"))["provenance"]
+b = json.load(open(f"{tmp}/bench.json"))["provenance"]
+assert a1["ranks"] == 1 and a2["ranks"] == 2 and b["ranks"] == 2
+assert a1["tool"]["commit"] in version_line and a1["tool"]["version"] in version_line
+assert a1["host"]["name"] == socket.gethostname()
+assert a1["model"]["bytes"] == os.path.getsize(model) and a1["model"]["file"] == os.path.basename(model)
+assert a1["model"]["hash"] == a2["model"]["hash"] and a1["model"]["hash_scope"] == "whole"
+assert a2["threads_per_rank"] == 1 and a1["threads_per_rank"] == 2
+assert b["model"]["hash_scope"] == "name"
+print("ok: provenance", a1["tool"]["commit"], a1["model"]["hash"], a1["host"]["cpu"]["model"])
+PY
+    ;;
+jsonl)
+    # Case 1 (256 tokens) takes about a second, case 2 (4096 tokens) far longer: stop the sweep
+    # as soon as the first row is on disk.
+    "$bin" --config configs/niah-smollm2.toml --set 'niah.lengths=[256,4096]' \
+        --set 'niah.depths=[0.5]' --set 'niah.methods=[full]' --set method.reorder=false \
+        --set decode.max_new_tokens=4 --out "$tmp/sweep.json" > "$tmp/out.txt" 2>&1 &
+    pid=$!
+    for _ in $(seq 600); do
+        [ -s "$tmp/sweep.jsonl" ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid"
+    rc=$?
+    cat "$tmp/out.txt"
+    [ "$rc" -ne 0 ] || fail "the sweep finished before it was interrupted (rc 0)"
+    [ -f "$tmp/sweep.json" ] && fail "an interrupted sweep wrote its final JSON"
+    lines=$(wc -l < "$tmp/sweep.jsonl")
+    [ "$lines" -eq 1 ] || fail "expected 1 row in sweep.jsonl, found $lines"
+    python3 "$root/tests/cli/validate_result.py" "$root/docs/result.schema.json" --rows niah \
+        "$tmp/sweep.jsonl" || exit 1
+    python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); assert r["length_target"]==256, r' \
+        "$tmp/sweep.jsonl" || fail "the row is not the first case"
+    echo "ok: interrupted sweep kept its first row"
+    ;;
+resultsdir)
+    committed="$root/bench/results/ttft-smollm2-cpu.csv"
+    before="$(stat -c %Y "$committed" 2>/dev/null || echo none)"
+    before_sum="$(md5sum < "$committed" 2>/dev/null || echo none)"
+    args=(--set model.path=random:tiny --set 'bench.lengths=[256]' --set bench.runs=1
+          --set bench.warmup=0 --set chunking.size=64)
+    export INFOFLOW_PROGRESS=0
+    "$bin" --config configs/bench-ttft-smollm2.toml "${args[@]}" --out "$tmp/o.json" > "$tmp/out.txt" \
+        || { cat "$tmp/out.txt"; fail "bench with --out"; }
+    [ -f "$tmp/o.json" ] && [ -f "$tmp/o.csv" ] || fail "--out did not write o.json and o.csv"
+    "$bin" --config configs/bench-ttft-smollm2.toml "${args[@]}" > "$tmp/out.txt" \
+        || fail "bench without --out"
+    [ "$(stat -c %Y "$committed" 2>/dev/null || echo none)" = "$before" ] || fail "bench/results/ was written"
+    [ "$(md5sum < "$committed" 2>/dev/null || echo none)" = "$before_sum" ] || fail "bench/results/ changed"
+    "$bin" --config configs/bench-ttft-smollm2.toml "${args[@]}" --results-dir "$tmp/res" \
+        > "$tmp/out.txt" 2>&1 && fail "--results-dir into a missing directory succeeded"
+    mkdir -p "$tmp/res"
+    "$bin" --config configs/bench-ttft-smollm2.toml "${args[@]}" --results-dir "$tmp/res" \
+        > "$tmp/out.txt" || fail "bench --results-dir"
+    [ -f "$tmp/res/ttft-smollm2-cpu.json" ] && [ -f "$tmp/res/ttft-smollm2-cpu.csv" ] \
+        || { ls "$tmp/res"; fail "--results-dir did not write ttft-smollm2-cpu.{json,csv}"; }
+    grep -q "min ms *median ms *max ms *spread" "$tmp/out.txt" || fail "no min/median/max table"
+    echo "ok: nothing written into bench/results/ unless asked"
+    ;;
+install)
+    build="$(dirname "$bin")"
+    cmake --install "$build" --prefix "$tmp/prefix" > "$tmp/install.txt" 2>&1 \
+        || { cat "$tmp/install.txt"; fail "cmake --install"; }
+    p="$tmp/prefix"
+    for f in bin/infoflow_sp share/infoflow_sp/configs/full.toml share/infoflow_sp/configs/demo.toml \
+             share/infoflow_sp/configs/README.md share/doc/infoflow_sp/README.md \
+             share/doc/infoflow_sp/results-schema.md share/doc/infoflow_sp/result.schema.json; do
+        [ -f "$p/$f" ] || fail "not installed: $f"
+    done
+    "$p/bin/infoflow_sp" --version | head -n 1
+    cd "$tmp"  # away from the source tree: only the installed files and the model
+    INFOFLOW_PROGRESS=0 "$p/bin/infoflow_sp" --config "$p/share/infoflow_sp/configs/full.toml" \
+        --set model.path="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" --set model.threads=2 \
+        --set decode.max_new_tokens=16 --set 'request.documents=[]' --set request.system="" \
+        --set request.question="What is the capital of France?" --out "$tmp/r.json" \
+        > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt"; fail "installed binary exited non-zero"; }
+    grep "^answer" "$tmp/out.txt"
+    python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["answer"]["text"]; assert "Paris" in t, t' \
+        "$tmp/r.json" || fail "installed binary: no Paris"
+    echo "ok: installed binary answers"
     ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -234,3 +234,38 @@ TEST_CASE("Llama-3 format on a synthetic vocabulary", "[chat]") {
     CHECK(ct.render({{"user", "Hi"}}) == tok.encode(ct.render_text({{"user", "Hi"}}), true));
     CHECK(ct.prefix().front() == 256);
 }
+
+TEST_CASE("auto refuses a model with neither ChatML nor Llama-3 markers", "[chat]") {
+    // Byte-level vocabulary (printable ASCII as itself, the rest shifted past 255) and an
+    // end-of-text token, no chat template: "auto" must not guess, "raw" must work.
+    json vocab = json::object();
+    uint32_t shifted = 0;
+    for (int b = 0; b < 256; ++b) {
+        const bool same = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        const uint32_t cp = same ? uint32_t(b) : 256 + shifted++;
+        std::string s;
+        if (cp < 0x80) {
+            s += static_cast<char>(cp);
+        } else {
+            s += static_cast<char>(0xC0 | (cp >> 6));
+            s += static_cast<char>(0x80 | (cp & 0x3F));
+        }
+        vocab[s] = b;
+    }
+    json j = {
+        {"added_tokens", json::array({{{"id", 256}, {"content", "</s>"}, {"special", true}}})},
+        {"normalizer", nullptr},
+        {"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", true}}},
+        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+    fs::path dir =
+        fs::temp_directory_path() / ("infoflow_chat_raw_" + std::to_string(std::random_device{}()));
+    fs::create_directories(dir);
+    std::ofstream(dir / "tokenizer.json") << j.dump();
+    std::ofstream(dir / "tokenizer_config.json") << json({{"eos_token", "</s>"}}).dump();
+    Tokenizer tok = Tokenizer::from_hf_dir(dir.string());
+    fs::remove_all(dir);
+    using Catch::Matchers::Contains;
+    CHECK_THROWS_WITH(ChatTemplate(tok),
+                      Contains("neither ChatML nor Llama-3") && Contains("request.chat_template"));
+    CHECK(ChatTemplate(tok, "raw").format() == ChatFormat::raw);
+}

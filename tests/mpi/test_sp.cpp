@@ -6,6 +6,7 @@
 // Collectives first, checks after (no REQUIRE between collectives: a rank must never leave
 // the others waiting).
 #include <catch2/catch.hpp>
+#include <limits>
 
 #include "comm/communicator.h"
 #include "runtime/method/placement.h"
@@ -146,4 +147,14 @@ TEST_CASE("ring equals full for every layout and exchange [6.3]", "[ring]") {
             CHECK(pre->bytes_recv == per_layer * c.n_layer);
         }
     }
+}
+
+TEST_CASE("sp: a decode budget near INT_MAX is refused by the position check, not wrapped",
+          "[sp][faults]") {
+    Setup s;
+    Config cfg = method_config(Config::Method::infoflow, 0.3);
+    cfg.decode.max_new_tokens = std::numeric_limits<int>::max();
+    // Every rank runs the check before its first collective, so every rank throws.
+    CHECK_THROWS_WITH(run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop),
+                      Catch::Contains("positions") && Catch::Contains("the model"));
 }

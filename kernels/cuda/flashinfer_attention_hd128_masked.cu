@@ -1,0 +1,8 @@
+// FlashInfer custom-mask prefill kernels, head dim 128 (see flashinfer_attention_impl.cuh).
+#include "kernels/cuda/flashinfer_attention_impl.cuh"
+
+namespace infoflow {
+namespace flashinfer_detail {
+INFOFLOW_FLASHINFER_INSTANTIATE(128, flashinfer::MaskMode::kCustom)
+}  // namespace flashinfer_detail
+}  // namespace infoflow

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# CI's sanitizer stage: builds everything with clang under AddressSanitizer + UndefinedBehavior-
+# Sanitizer (INFOFLOW_SANITIZE via INFOFLOW_FUZZ=ON, which also builds the libFuzzer targets),
+# runs the CPU and MPI test suite once under it, then each fuzz target for a short time.
+#   launch/test-sanitizers.sh                 (build, tests, fuzz)
+#   launch/test-sanitizers.sh --configure-only
+# Environment: INFOFLOW_SAN_BUILD_DIR (default build-san/), INFOFLOW_JOBS (default nproc),
+# INFOFLOW_FUZZ_SECONDS (per target, default 30; 0 skips fuzzing), INFOFLOW_SAN_TESTS (a CTest
+# -R regex to run a subset; default all tests except the GPU ones).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${INFOFLOW_SAN_BUILD_DIR:-$root/build-san}"
+jobs="${INFOFLOW_JOBS:-$(nproc)}"
+cxx="$(command -v clang++-14 || command -v clang++)"
+cc="$(command -v clang-14 || command -v clang)"
+t0=$(date +%s)
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$cxx" \
+    -DCMAKE_C_COMPILER="$cc" -DINFOFLOW_FUZZ=ON -DINFOFLOW_ENABLE_CUDA=OFF \
+    -DINFOFLOW_ENABLE_NCCL=OFF ${INFOFLOW_SAN_CMAKE_ARGS:-} > "$build.configure.log" 2>&1 || {
+    cat "$build.configure.log" >&2
+    exit 1
+}
+[ "${1:-}" = "--configure-only" ] && exit 0
+cmake --build "$build" -j "$jobs"
+t1=$(date +%s)
+echo "[sanitizers] build: $((t1 - t0)) s"
+
+# Leaks: only those inside Open MPI and its runtime (allocations it keeps until exit by design)
+# are suppressed; a leak in our code fails the run.
+export LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan_openmpi.supp:print_suppressions=0"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+(
+    cd "$build"
+    if [ -n "${INFOFLOW_SAN_TESTS:-}" ]; then
+        ctest --output-on-failure -j "${INFOFLOW_TEST_JOBS:-2}" -LE gpu -R "$INFOFLOW_SAN_TESTS"
+    else
+        ctest --output-on-failure -j "${INFOFLOW_TEST_JOBS:-2}" -LE gpu
+    fi
+)
+t2=$(date +%s)
+echo "[sanitizers] test suite: $((t2 - t1)) s"
+
+seconds="${INFOFLOW_FUZZ_SECONDS:-30}"
+if [ "$seconds" != "0" ]; then
+    for t in $("$root/launch/fuzz.sh" list); do
+        log="$build/fuzz-$t.log"
+        if ! INFOFLOW_SAN_BUILD_DIR="$build" INFOFLOW_FUZZ_REBUILD=0 \
+            "$root/launch/fuzz.sh" "$t" "$seconds" > "$log" 2>&1; then
+            tail -n 60 "$log"
+            echo "[sanitizers] fuzz target $t failed (log $log)"
+            exit 1
+        fi
+        grep -E "^(#[0-9]+.*DONE|stat::number_of_executed_units|stat::peak_rss_mb)" "$log" \
+            | sed "s/^/[fuzz $t] /"
+    done
+fi
+t3=$(date +%s)
+echo "[sanitizers] fuzz: $((t3 - t2)) s; total $((t3 - t0)) s"

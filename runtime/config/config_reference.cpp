@@ -1,0 +1,253 @@
+// The generated config reference: keys, types, ranges, defaults and enum names come from
+// config_key_info() (the loader's field table); the meaning of each key and the section
+// headings are the only hand-written parts, kept here next to each other.
+#include "runtime/config/config_reference.h"
+
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "runtime/config/config.h"
+#include "runtime/core/error.h"
+
+namespace infoflow {
+namespace {
+
+// Section headings, in the order the sections first appear in the field table.
+const std::map<std::string, std::string>& section_titles() {
+    static const std::map<std::string, std::string> t = {
+        {"", "top level"},
+        {"model", "[model]"},
+        {"request", "[request]"},
+        {"chunking", "[chunking]"},
+        {"method", "[method]"},
+        {"scoring", "[scoring]"},
+        {"cacheblend", "[cacheblend]"},
+        {"epic", "[epic]"},
+        {"parallel", "[parallel]"},
+        {"ring", "[ring]"},
+        {"decode", "[decode]"},
+        {"niah", "[niah] (job `niah`)"},
+        {"eval", "[eval] (job `eval`)"},
+        {"bench", "[bench] (job `bench-ttft`)"},
+        {"store", "[store] (document KV store, docs/store.md)"},
+        {"output", "[output]"},
+    };
+    return t;
+}
+
+// What each key means. Markdown; `|` inside a cell must be written `\|`.
+const std::map<std::string, std::string>& descriptions() {
+    static const std::map<std::string, std::string> d = {
+        {"job",
+         "what runs: one request (`answer`), a needle-in-a-haystack sweep (`niah`), a "
+         "LongBench-format QA evaluation (`eval`), the TTFT table (`bench-ttft`), or prefill "
+         "documents once into the KV store (`cache-build`, needs `store.path`)"},
+        {"model.path",
+         "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
+         "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
+        {"model.backend", "compute backend; `cuda` is planned (the CPU backend runs everything)"},
+        {"model.check_finite",
+         "reject NaN/Inf in any loaded tensor of a model file, naming the tensor"},
+        {"model.threads", "CPU threads per rank; `0` = all cores (the OpenMP default)"},
+        {"model.dtype",
+         "compute type of weights and activations; the CPU backend computes in fp32 (`bf16` / "
+         "`fp16` are meant for the planned GPU backend)"},
+        {"request.system", "system prompt (part of chunk 0)"},
+        {"request.documents", "the context documents, inline"},
+        {"request.documents_file",
+         "documents from a file instead (not both): `.jsonl` = one JSON object per non-empty "
+         "line with a string `\"text\"` (or `\"context\"`), or a JSON string; `.txt` = documents "
+         "separated by lines holding only `---`, each trimmed, empty ones skipped"},
+        {"request.question", "the question"},
+        {"request.reference",
+         "expected answer: printed next to the model's answer with whether the answer contains it "
+         "(case-insensitive), and stored in the result JSON"},
+        {"request.question_file", "the question from a text file instead (not both), trimmed"},
+        {"request.template",
+         "instruction template around the question (`longbench` is the paper's wording, `raw` "
+         "adds nothing)"},
+        {"request.chat_template",
+         "chat format; `auto` detects it from the model file (ChatML or Llama-3; an error when it "
+         "is neither: set `raw` for no template)"},
+        {"chunking.mode",
+         "`passage`: one chunk per document; `fixed`: the concatenated context cut into chunks "
+         "of `chunking.size` tokens"},
+        {"chunking.size",
+         "tokens per chunk for `fixed`; unset = 2048 on one rank, and one chunk per rank in a "
+         "distributed `fixed` run (docs/design.md §5.1)"},
+        {"chunking.sink",
+         "token prefilled before each context chunk and dropped afterwards: `bos` (the model's "
+         "BOS, else the first token of the chat prefix), `none`, or a literal one-token string"},
+        {"method.name",
+         "the method (docs/design.md §4); `reform` is planned (docs/design.md §4.1)"},
+        {"method.ratio", "recompute fraction: k = ⌊ratio · T⌋ context tokens"},
+        {"method.reorder", "two-stage chunk reorder before selection (docs/design.md §3.7)"},
+        {"scoring.query", "scoring rows: the `question` tokens or the whole `suffix`"},
+        {"scoring.aggregate",
+         "`norm`: root of the summed squared head-mean per layer, averaged over layers (the "
+         "authors' code); `sum`: summed over layers, heads and rows (the paper's formula)"},
+        {"scoring.layout",
+         "key and row positions of the scoring pass only (docs/design.md §3.3); recompute and "
+         "generation always use global positions"},
+        {"scoring.layers",
+         "scoring layers; `[]` = `[22, 23, 24, 25]`, or for models with fewer than 26 layers "
+         "the four ending at round(0.8·L)"},
+        {"scoring.softmax",
+         "on P ranks: `global` merges the attention normalizer across ranks (exact); `local` "
+         "scores each shard against its own keys only (the authors' approximation)"},
+        {"scoring.block", "row/column block size of the scoring pass (memory, not results)"},
+        {"cacheblend.metric", "CacheBlend's deviation is measured on `v` or on `k`"},
+        {"epic.mode",
+         "`ratio`: the first ⌊ratio·\\|C\\|⌋ tokens of each chunk; `fixed`: the first `epic.k`"},
+        {"epic.k", "tokens per chunk for `epic.mode = \"fixed\"`"},
+        {"parallel.comm",
+         "communicator; `auto` = NCCL with the cuda backend (when built), else MPI when started "
+         "by a launcher, else one rank; `nccl` = device collectives over NCCL (MPI bootstraps it "
+         "and carries host buffers)"},
+        {"parallel.startup_timeout_s",
+         "the same deadline until the start-up checks (config and model identity) are done"},
+        {"parallel.timeout_s",
+         "deadline in seconds of every blocking collective or wait; a peer that does not arrive "
+         "ends the job naming the rank and phase"},
+        {"parallel.exchange",
+         "recompute exchange on P ranks: `kv` all-gathers the selected tokens' K/V; `exact` "
+         "passes the queries (pass-Q) and reproduces the one-rank result"},
+        {"parallel.emulate_ranks",
+         "on one rank, run the `kv` visibility mask of this many ranks (the oracle of a "
+         "P-rank `kv` run); `0` = off"},
+        {"ring.layout",
+         "sequence layout of ring attention: `zigzag` (causal balance) or "
+         "`contiguous`"},
+        {"ring.exchange",
+         "`p2p`: K/V blocks travel around the ring; `allgather`: all-gather K/V per layer (the "
+         "authors' baseline)"},
+        {"decode.max_new_tokens", "answer length limit (stops earlier on EOS / end of turn)"},
+        {"decode.temperature", "`0` = greedy"},
+        {"decode.seed", "sampling seed"},
+        {"decode.top_k", "sample among the top k logits; unset = the whole vocabulary"},
+        {"niah.lengths", "context lengths in tokens"},
+        {"niah.depths", "needle depth as a fraction of the context (0 = start, 1 = end)"},
+        {"niah.methods", "methods to compare, as in `method.name`"},
+        {"niah.layouts", "scoring layouts to compare (InfoFlow runs), as in `scoring.layout`"},
+        {"niah.needle", "the sentence hidden in the haystack"},
+        {"niah.question", "the question asked about it"},
+        {"niah.answer", "a run is correct when its answer contains this text"},
+        {"niah.filler_file", "text the haystack is cut from; `\"\"` = the built-in filler"},
+        {"niah.seed", "seed of the haystack cut"},
+        {"eval.data_file", "samples, one JSON object per line (`.jsonl`, LongBench format)"},
+        {"eval.max_samples", "`0` = all samples"},
+        {"eval.task", "dataset / metric name, e.g. `hotpotqa`"},
+        {"bench.lengths", "context lengths in tokens (docs/design.md §10)"},
+        {"bench.methods", "methods, as in `method.name`"},
+        {"bench.runs", "timed runs per row; the median is reported"},
+        {"bench.warmup", "untimed runs before them"},
+        {"bench.spread_limit",
+         "flag a row (`!`) whose (max - min) / median over the timed runs exceeds this"},
+        {"bench.threads", "CPU threads per rank for the benchmark; `0` = `model.threads`"},
+        {"store.path",
+         "HDF5 index file of the document KV store; written by `cache-build`, read by `answer` "
+         "/ `niah` / `eval` / `bench-ttft` when set; empty = no store (replaces the former "
+         "`cache.path`)"},
+        {"store.mode",
+         "`read`, or `read-write`: documents missing from the store are prefilled and added "
+         "after the answer"},
+        {"store.dtype", "how K/V are stored; must match an existing store"},
+        {"store.compression", "0 = none; 1-9 = shuffle + deflate at that level"},
+        {"output.path", "results JSON (`--out` overrides it)"},
+        {"output.csv", "table rows as CSV (`niah`, `bench-ttft`, `eval`)"},
+        {"output.name",
+         "file name (without extension) of the results written by `--results-dir`; empty = the "
+         "config file's name"},
+    };
+    return d;
+}
+
+// A default value as written in TOML: strings quoted, arrays with ", ".
+std::string toml_text(const nlohmann::json& v) {
+    if (v.is_array()) {
+        std::string s = "[";
+        for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + toml_text(v[i]);
+        return s + "]";
+    }
+    return v.dump();
+}
+
+std::string choices_text(const std::string& choices) {
+    std::string s = "`";
+    for (char c : choices) s += c == '|' ? std::string("` \\| `") : std::string(1, c);
+    return s + "`";
+}
+
+// The type column: the accepted names for enum keys, else the loader's type text with
+// typographic comparison signs.
+std::string type_text(const ConfigKeyInfo& k) {
+    if (k.type == "enum") return choices_text(k.choices);
+    if (k.type == "[enum]") return "[" + choices_text(k.choices) + "]";
+    std::string t = k.type;
+    for (const char* op : {">=", "<="}) {
+        for (size_t p = t.find(op); p != std::string::npos; p = t.find(op)) {
+            t.replace(p, 2, op[0] == '>' ? "≥" : "≤");
+        }
+    }
+    return t;
+}
+
+}  // namespace
+
+std::string config_reference_markdown() {
+    const std::vector<ConfigKeyInfo> keys = config_key_info();
+    std::vector<std::string> missing;
+    for (const auto& k : keys) {
+        if (!descriptions().count(k.key)) missing.push_back(k.key);
+    }
+    if (!missing.empty()) {
+        std::string list;
+        for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
+        IF_FAIL(
+            "config keys without a description in runtime/config/config_reference.cpp: " << list);
+    }
+
+    std::ostringstream os;
+    os << "# Config reference\n\n"
+          "<!-- Generated by `infoflow_sp --print-config-reference` from the config loader's "
+          "field table\n"
+          "     (runtime/config/config.cpp, descriptions in "
+          "runtime/config/config_reference.cpp).\n"
+          "     Do not edit by hand; regenerate with\n"
+          "       build/infoflow_sp --print-config-reference > docs/config.md\n"
+          "     The CTest case docs_config_reference fails when this file is stale. -->\n\n"
+          "Every key of an `infoflow_sp` run configuration (TOML), with the type and range the "
+          "loader\n"
+          "accepts, its default and its meaning. Every key is optional: a missing key takes its "
+          "default\n"
+          "and an empty file is the default configuration. Ranges are inclusive; an integer is "
+          "accepted\n"
+          "where a float is expected, not the reverse. Where the type lists names, the key "
+          "takes one of\n"
+          "them as a string; `[...]` is an array. Unknown keys, wrong types, out-of-range values "
+          "and\n"
+          "unknown names are errors naming the key and `FILE:LINE`. How configs are written, "
+          "`--set`\n"
+          "overrides and relative paths: `configs/README.md`.\n";
+
+    std::string section = "?";
+    for (const auto& k : keys) {
+        const size_t dot = k.key.find('.');
+        const std::string sec = dot == std::string::npos ? "" : k.key.substr(0, dot);
+        if (sec != section) {
+            section = sec;
+            const auto it = section_titles().find(sec);
+            const std::string title = it != section_titles().end() ? it->second : "[" + sec + "]";
+            os << "\n## " << title << "\n\n"
+               << "| key | type | default | meaning |\n|---|---|---|---|\n";
+        }
+        const std::string& meaning = descriptions().at(k.key);
+        const std::string def = k.value.is_null() ? "unset" : "`" + toml_text(k.value) + "`";
+        os << "| `" << k.key << "` | " << type_text(k) << " | " << def << " | " << meaning
+           << " |\n";
+    }
+    return os.str();
+}
+
+}  // namespace infoflow

@@ -1,0 +1,91 @@
+// The phases of the sequence-parallel method (DESIGN §5.2), one function each, called in order
+// by `run_method_sp` (sp_pipeline.cpp), which alone keeps the phase clock and the byte
+// accounting. Each phase runs on every rank (SPMD); its messages are its own.
+//   1. shard_prefill     (sp_prefill.cpp)   no messages
+//   2. score_and_select  (sp_select.cpp)    merged row states, one all-reduce of the scores
+//   3. recompute_kv      (sp_recompute.cpp) all-gather of the selected tokens' K/V per layer
+//      recompute_exact   (sp_recompute.cpp) pass-Q partial attention per layer
+//   4. answer_kv / answer_exact (sp_answer.cpp)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "runtime/method/chunk_kv.h"
+#include "runtime/method/chunk_store.h"
+#include "runtime/method/pipeline.h"
+#include "runtime/method/placement.h"
+
+namespace infoflow {
+
+// Where every context token lives, seen from one rank. Context tokens are numbered by their
+// global index g in [0, T) (chunk order = identity); this rank's cache holds chunk 0 at slots
+// [0, c0) and its own chunks after it.
+struct Shard {
+    int rank = 0;
+    Placement place;
+    std::vector<ChunkKv> chunks;     // every chunk; other ranks' are shadows (no K/V)
+    std::vector<int32_t> gpos;       // [T] global positions
+    std::vector<int> chunk_of;       // [T] chunk of each global index
+    std::vector<int> offsets;        // [K] first global index of each chunk
+    std::vector<int> local_order;    // chunk 0, then own chunks
+    int own_begin = 0, own_end = 0;  // own global index range
+    int c0 = 0;                      // chunk 0 size
+
+    int local_slot(int g) const { return c0 + (g - own_begin); }
+    int owner(int g) const { return place.chunk_rank[chunk_of[g]]; }
+    int32_t token(const PreparedRequest& req, int g) const {
+        return req.chunks[chunk_of[g]][g - offsets[chunk_of[g]]];
+    }
+    // First local slot of this rank's share of a distributed attention: chunk 0 counts on rank
+    // 0 alone.
+    int key_begin() const { return rank == 0 ? 0 : c0; }
+};
+
+// Phase 1's output: the shard and this rank's cache (chunk 0 + own chunks at global
+// positions, room for the selected tokens of other ranks, the suffix and the answer).
+struct ShardPrefill {
+    Shard shard;
+    KvCache cache;
+};
+// With a store, this rank's chunks that it holds are loaded, not prefilled; `loaded` is called
+// between the load and the prefill (prefill_context).
+ShardPrefill shard_prefill(Model& model, const PreparedRequest& req, const Config& cfg, int rank,
+                           int n_ranks, ChunkSource* source = nullptr,
+                           const std::function<void()>& loaded = {});
+
+// Phase 2's output, identical on every rank except `own_hidden`.
+struct SpSelection {
+    std::vector<int> selected;  // global indices, sorted by position
+    int first_layer = 0;        // cacheblend: 1 (layer 0 exact for every token)
+    Buffer own_hidden;          // first_layer > 0: [own tokens, n_embd], the input of layer 1
+};
+SpSelection score_and_select(Model& model, Communicator& comm, const PreparedRequest& req,
+                             const Config& cfg, const Shard& sh, KvCache& cache);
+
+// Phase 3, "kv": every rank recomputes its own selected tokens; their K/V are all-gathered per
+// layer into slots appended for them on every other rank.
+void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, const Shard& sh,
+                  const SpSelection& sel, KvCache& cache);
+// Phase 3, "exact": the selected queries attend over every rank's keys (pass-Q).
+void recompute_exact(Model& model, Communicator& comm, const PreparedRequest& req, const Shard& sh,
+                     const SpSelection& sel, KvCache& cache);
+
+// Phase 4, the suffix prefill: "kv" on rank 0 alone over its cache; "exact" SPMD with partial
+// attention merged across ranks. Both return the first-token logits on rank 0 ([n_vocab]).
+std::vector<float> prefill_suffix_kv(Model& model, Communicator& comm, const PreparedRequest& req,
+                                     KvCache& cache);
+std::vector<float> prefill_suffix_exact(Model& model, Communicator& comm,
+                                        const PreparedRequest& req, const Shard& sh,
+                                        KvCache& cache);
+// Phase 4, the decode from r.first_logits: "kv" on rank 0 alone; "exact" distributed, rank 0
+// sampling. Fill r.answer and r.stopped.
+void decode_kv(Model& model, Communicator& comm, const Config& cfg,
+               const std::vector<int32_t>& stop_ids, KvCache& cache, MethodResult& r);
+void decode_exact(Model& model, Communicator& comm, const Config& cfg,
+                  const std::vector<int32_t>& stop_ids, const Shard& sh, KvCache& cache,
+                  MethodResult& r);
+
+}  // namespace infoflow
