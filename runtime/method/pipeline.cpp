@@ -235,8 +235,8 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     // Phase 1: chunk 0 exact, chunks >= 1 with the sink, or loaded from the KV store
     // (store.path) as their own phase.
     ChunkSource source(model, req, cfg);
-    const std::vector<ChunkKv> chunks = prefill_context(model, req, 1, req.n_chunks(), &source,
-                                                        [&] { clock.mark("store_load"); });
+    const std::vector<ChunkKv> chunks =
+        prefill_context(model, req, 1, req.n_chunks(), &source, [&] { clock.mark("store_load"); });
     clock.mark("chunk_prefill");
     r.chunk_order = identity_order(req.n_chunks());
     if (cfg.method.name == Config::Method::infoflow && cfg.method.reorder) {

@@ -312,9 +312,9 @@ TEST_CASE("unknown keys name the key, FILE:LINE and the closest key", "[cpu][con
     CHECK(e3 == "unknown key 'ratio' at x.toml:1 (did you mean 'method.ratio'?)");
 
     // The retired [cache] section points to [store].
-    CHECK_THAT(error_of([] { parse("[cache]\npath = \"kv.h5\"\n"); }),
-               Catch::Contains("unknown section '[cache]'") &&
-                   Catch::Contains("replaced by [store]"));
+    CHECK_THAT(
+        error_of([] { parse("[cache]\npath = \"kv.h5\"\n"); }),
+        Catch::Contains("unknown section '[cache]'") && Catch::Contains("replaced by [store]"));
 
     // Far from every key: no suggestion.
     const std::string e4 = error_of([] { parse("[scoring]\ncompletely_wrong = 1\n"); });
