@@ -3,11 +3,14 @@
 // be loadable but missing from the effective config or vice versa.
 #include "runtime/config/config.h"
 
+#include <dirent.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -51,6 +54,8 @@ IF_ENUM_NAMES(Config::Comm, "auto", "mpi", "nccl", "self")
 IF_ENUM_NAMES(Config::Exchange, "kv", "exact")
 IF_ENUM_NAMES(Config::RingLayout, "zigzag", "contiguous")
 IF_ENUM_NAMES(Config::RingExchange, "p2p", "allgather")
+IF_ENUM_NAMES(Config::StoreMode, "read", "read-write")
+IF_ENUM_NAMES(Config::StoreDType, "f16", "bf16", "f32")
 
 #undef IF_ENUM_NAMES
 
@@ -457,8 +462,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 void check_documents_file(const Ctx& x, const std::string& v) {
     const std::string l = lower(v);
-    if (!v.empty() && !ends_with(l, ".jsonl") && !ends_with(l, ".txt")) {
-        x.fail("'" + v + "' must be a .jsonl or .txt file");
+    if (!v.empty() && !ends_with(l, ".jsonl") && !ends_with(l, ".txt") && !ends_with(l, "/")) {
+        x.fail("'" + v +
+               "' must be a .jsonl or .txt file, or a folder of .txt files ending in '/'");
     }
 }
 
@@ -569,9 +575,12 @@ const std::vector<Field>& fields() {
         f.push_back(float_field("bench.link_alpha_us", bench, &B::link_alpha_us, 0.0));
         f.push_back(float_field("bench.link_beta_gbs", bench, &B::link_beta_gbs, 0.001));
 
-        f.push_back(string_field("cache.path", &C::cache, &C::CacheSection::path));
-        f.push_back(string_field("cache.build_from", &C::cache, &C::CacheSection::build_from,
-                                 check_documents_file));
+        const auto store = &C::store;
+        using St = C::StoreSection;
+        f.push_back(string_field("store.path", store, &St::path));
+        f.push_back(enum_field("store.mode", store, &St::mode));
+        f.push_back(enum_field("store.dtype", store, &St::dtype));
+        f.push_back(int_field("store.compression", store, &St::compression, 0, 9));
 
         f.push_back(string_field("output.path", &C::output, &C::OutputSection::path));
         f.push_back(string_field("output.csv", &C::output, &C::OutputSection::csv));
@@ -607,6 +616,10 @@ bool is_section(const std::string& name) {
 // " (did you mean 'x'?)" for the closest known key within edit distance 2, else "".
 // A bare name that is the key part of exactly one section.key also matches ("ratio").
 std::string suggestion(const std::string& name, bool as_section) {
+    if (name == "cache" || name.rfind("cache.", 0) == 0) {
+        return " (the [cache] section was replaced by [store]: store.path, store.mode, "
+               "store.dtype, store.compression)";
+    }
     std::string best;
     size_t best_d = 3;
     auto consider = [&](const std::string& cand, size_t d) {
@@ -844,6 +857,8 @@ const char* to_string(Config::Comm v) { return enum_name(v); }
 const char* to_string(Config::Exchange v) { return enum_name(v); }
 const char* to_string(Config::RingLayout v) { return enum_name(v); }
 const char* to_string(Config::RingExchange v) { return enum_name(v); }
+const char* to_string(Config::StoreMode v) { return enum_name(v); }
+const char* to_string(Config::StoreDType v) { return enum_name(v); }
 
 nlohmann::json Config::to_json() const {
     json j = json::object();
@@ -908,9 +923,6 @@ void check_implemented(const Config& c) {
     auto planned = [](bool hit, const std::string& what) {
         if (hit) fail(what + ": not implemented yet (planned, see README.md)");
     };
-    planned(c.job == Config::Job::cache_build, "job = \"cache-build\" (KV-cache store)");
-    planned(!c.cache.path.empty(), "cache.path (KV-cache store)");
-    planned(!c.cache.build_from.empty(), "cache.build_from (KV-cache store)");
     planned(c.method.name == Config::Method::reform, "method.name = \"reform\"");
     planned(c.model.dtype != Config::DType::fp32,
             std::string("model.dtype = \"") + enum_name(c.model.dtype) + "\" (fp32 only)");
@@ -963,6 +975,25 @@ std::vector<int> resolve_scoring_layers(const std::vector<int>& layers, int n_la
 }
 
 std::vector<std::string> read_documents_file(const std::string& path) {
+    if (ends_with(path, "/")) {
+        // A folder: every *.txt file, in name order, is one document.
+        DIR* d = ::opendir(path.c_str());
+        if (!d) fail("cannot read documents folder '" + path + "': " + std::strerror(errno));
+        std::vector<std::string> names;
+        while (const dirent* e = ::readdir(d)) {
+            const std::string n = e->d_name;
+            if (n[0] != '.' && ends_with(lower(n), ".txt")) names.push_back(n);
+        }
+        ::closedir(d);
+        std::sort(names.begin(), names.end());
+        std::vector<std::string> docs;
+        for (const std::string& n : names) {
+            std::string t = trim(read_file(path + n));
+            if (!t.empty()) docs.push_back(std::move(t));
+        }
+        if (docs.empty()) fail("documents folder '" + path + "' has no non-empty .txt file");
+        return docs;
+    }
     const std::string text = read_file(path);
     check_utf8(text, "documents file '" + path + "'");
     const std::string ext = lower(path);

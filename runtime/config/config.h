@@ -5,7 +5,7 @@
 // (`to_json`, every key) and a hash of it, compared across ranks at start-up (DESIGN §11).
 //
 // Relative paths (model.path, request.documents_file, request.question_file, niah.filler_file,
-// eval.data_file, cache.path, cache.build_from, output.path, output.csv) are kept as written and
+// eval.data_file, store.path, output.path, output.csv) are kept as written and
 // resolved against the current working directory of the process — the directory `mpirun` /
 // `srun` / the user launches from, usually the repository root — never against the config
 // file's directory. So `--set` paths, file paths and `--out` behave alike, and the effective
@@ -43,6 +43,8 @@ struct Config {
     enum class Exchange { kv, exact };
     enum class RingLayout { zigzag, contiguous };
     enum class RingExchange { p2p, allgather };
+    enum class StoreMode { read, read_write };
+    enum class StoreDType { f16, bf16, f32 };
 
     static constexpr int k_default_chunk_size = 2048;
 
@@ -140,9 +142,13 @@ struct Config {
         double link_alpha_us = 10.0;   // alpha-beta model of a link (comm/comm_model.h)
         double link_beta_gbs = 370.0;  // GB/s per direction
     };
-    struct CacheSection {
-        std::string path;        // HDF5 KV store
-        std::string build_from;  // documents file for job "cache-build"
+    // The document KV store (DESIGN §8; layout in docs/store.md). Replaces the former [cache]
+    // section (cache.path, cache.build_from), which is no longer accepted.
+    struct StoreSection {
+        std::string path;  // HDF5 index file; empty = no store
+        StoreMode mode = StoreMode::read;
+        StoreDType dtype = StoreDType::f16;
+        int compression = 0;  // 0 = none, 1..9 = shuffle + deflate level
     };
     struct OutputSection {
         std::string path;  // results JSON (also --out)
@@ -166,7 +172,7 @@ struct Config {
     NiahSection niah;
     EvalSection eval;
     BenchSection bench;
-    CacheSection cache;
+    StoreSection store;
     OutputSection output;
 
     // Effective config, every key, as {"job": ..., "model": {...}, ...}; unset optionals are
@@ -200,6 +206,8 @@ const char* to_string(Config::Comm v);
 const char* to_string(Config::Exchange v);
 const char* to_string(Config::RingLayout v);
 const char* to_string(Config::RingExchange v);
+const char* to_string(Config::StoreMode v);
+const char* to_string(Config::StoreDType v);
 
 // Loads a TOML config file, then applies `sets` ("section.key=value", in order), then validates
 // across keys. Errors (infoflow::Error):
@@ -217,8 +225,8 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 // a TOML value is taken as a string, and so is any value given to a string key.
 void apply_overrides(Config& cfg, const std::vector<std::string>& sets);
 
-// Rejects values the config can name but this build does not run yet (job "cache-build",
-// cache.*, method "reform", backend "cuda", comm "nccl", compute types other than fp32): an
+// Rejects values the config can name but this build does not run yet (method "reform", backend
+// "cuda", comm "nccl", compute types other than fp32): an
 // Error "KEY = VALUE: not implemented yet (planned, ...)". The loaders accept those values so
 // configs and their JSON round-trip; the command line (load_config_from_cli) calls this.
 void check_implemented(const Config& cfg);
@@ -248,6 +256,8 @@ std::vector<int> resolve_scoring_layers(const std::vector<int>& layers, int n_la
 //   .jsonl  one document per non-empty line, a JSON object with a string "text" (or "context")
 //   .txt    documents separated by lines containing only "---"; each document is trimmed of
 //           surrounding blank lines / whitespace; empty documents are skipped
+//   DIR/    (a path ending in '/') a folder: every *.txt file in it, by name, is one document
+//           (trimmed; empty files skipped)
 // Errors name the file (and line for .jsonl).
 struct RequestText {
     std::string system;

@@ -30,7 +30,7 @@ const std::map<std::string, std::string>& section_titles() {
         {"niah", "[niah] (job `niah`)"},
         {"eval", "[eval] (job `eval`)"},
         {"bench", "[bench] (job `bench-ttft`)"},
-        {"cache", "[cache] (KV-cache store, docs/design.md §8)"},
+        {"store", "[store] (document KV store, docs/store.md)"},
         {"output", "[output]"},
     };
     return t;
@@ -41,8 +41,8 @@ const std::map<std::string, std::string>& descriptions() {
     static const std::map<std::string, std::string> d = {
         {"job",
          "what runs: one request (`answer`), a needle-in-a-haystack sweep (`niah`), a "
-         "LongBench-format QA evaluation (`eval`), the TTFT table (`bench-ttft`); "
-         "`cache-build` (fill the KV-cache store) is planned"},
+         "LongBench-format QA evaluation (`eval`), the TTFT table (`bench-ttft`), or prefill "
+         "documents once into the KV store (`cache-build`, needs `store.path`)"},
         {"model.path",
          "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
          "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
@@ -152,10 +152,15 @@ const std::map<std::string, std::string>& descriptions() {
          "latency of one message step in the emulated timing mode, microseconds (NVLink: 10)"},
         {"bench.link_beta_gbs",
          "bandwidth of one link, one direction, in the emulated timing mode, GB/s (NVLink: 370)"},
-        {"cache.path", "HDF5 KV-cache store (planned, docs/design.md §8)"},
-        {"cache.build_from",
-         "documents file (`.jsonl` / `.txt`, as `request.documents_file`) for the planned "
-         "`cache-build` job"},
+        {"store.path",
+         "HDF5 index file of the document KV store; written by `cache-build`, read by `answer` "
+         "/ `niah` / `eval` / `bench-ttft` when set; empty = no store (replaces the former "
+         "`cache.path`)"},
+        {"store.mode",
+         "`read`, or `read-write`: documents missing from the store are prefilled and added "
+         "after the answer"},
+        {"store.dtype", "how K/V are stored; must match an existing store"},
+        {"store.compression", "0 = none; 1-9 = shuffle + deflate at that level"},
         {"output.path", "results JSON (`--out` overrides it)"},
         {"output.csv", "table rows as CSV (`niah`, `bench-ttft`, `eval`)"},
         {"output.name",

@@ -53,6 +53,11 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
         r.context_tokens ? double(r.selected_positions.size()) / r.context_tokens : 0.0;
     j["chunk_order"] = r.chunk_order;
     j["ttft_ms"] = r.ttft_ms;
+    j["store"] = {{"path", cfg.store.path},
+                  {"tokens", r.store_tokens},
+                  {"chunks", r.store_chunks},
+                  {"bytes", r.store_bytes},
+                  {"added", r.store_added}};
     json phases = json::array();
     for (size_t i = 0; i < r.phases.size(); ++i) {
         json ms = json::array(), sent = json::array(), recv = json::array(), wait = json::array();
@@ -107,6 +112,12 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
         std::printf(
             "recomputed : %zu tokens (%.1f%% of the context)\n", r.selected_positions.size(),
             r.context_tokens ? 100.0 * r.selected_positions.size() / r.context_tokens : 0.0);
+    }
+    if (!cfg.store.path.empty()) {
+        std::printf(
+            "store      : %d chunks, %d context tokens loaded from %s (%.2f MB), %d added\n",
+            r.store_chunks, r.store_tokens, cfg.store.path.c_str(), r.store_bytes / 1e6,
+            r.store_added);
     }
     std::printf("phases     :");
     for (const PhaseTime& p : r.phases) std::printf(" %s %.1f ms;", p.name.c_str(), p.ms);

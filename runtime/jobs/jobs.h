@@ -22,6 +22,8 @@ nlohmann::json run_bench_ttft(const Config& cfg, Session& s);
 nlohmann::json run_niah(const Config& cfg, Session& s);
 // job = "eval": LongBench-style QA F1 of method.name and `full` over eval.data_file; CSV as niah.
 nlohmann::json run_eval(const Config& cfg, Session& s);
+// job = "cache-build": prefills every document once into the KV store (store.path).
+nlohmann::json run_cache_build(const Config& cfg, Session& s);
 
 // True when `answer` contains the non-empty `reference`, ignoring case (request.reference).
 bool answer_matches(const std::string& answer, const std::string& reference);

@@ -46,6 +46,9 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
         case Config::Job::bench_ttft:
             result = run_bench_ttft(cfg, *s);
             break;
+        case Config::Job::cache_build:
+            result = run_cache_build(cfg, *s);
+            break;
         default:
             // check_implemented rejects planned jobs at start-up; this is the backstop.
             IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not implemented yet");

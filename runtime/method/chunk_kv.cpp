@@ -37,66 +37,13 @@ ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t 
 }
 
 std::vector<ChunkKv> prefill_chunks(Model& model, const std::vector<std::vector<int32_t>>& chunks,
-                                    int32_t sink_id, int batch_tokens) {
-    const ModelConfig& c = model.config();
-    Backend& be = model.backend();
-    const int lead = sink_id >= 0 ? 1 : 0;
-    std::vector<ChunkKv> out(chunks.size());
-    size_t i = 0;
-    while (i < chunks.size()) {
-        // Consecutive chunks while they fit; a chunk larger than the batch goes alone.
-        size_t j = i;
-        int total = 0;
-        while (j < chunks.size() &&
-               (j == i || total + lead + int(chunks[j].size()) <= batch_tokens)) {
-            total += lead + int(chunks[j].size());
-            ++j;
-        }
-        if (j == i + 1) {
-            out[i] = prefill_chunk(model, chunks[i], sink_id);
-            i = j;
-            continue;
-        }
-        std::vector<int32_t> seq, pos, group;
-        for (size_t k = i; k < j; ++k) {
-            if (lead) {
-                seq.push_back(sink_id);
-                pos.push_back(0);
-                group.push_back(int32_t(k - i));
-            }
-            for (size_t t = 0; t < chunks[k].size(); ++t) {
-                seq.push_back(chunks[k][t]);
-                pos.push_back(int32_t(lead + t));
-                group.push_back(int32_t(k - i));
-            }
-        }
-        const int n = int(seq.size());
-        KvCache cache = model.make_cache(n);
-        const int first = cache.append(n, pos.data(), group.data());
-        std::vector<int32_t> slots(n);
-        for (int t = 0; t < n; ++t) slots[t] = first + t;
-        Buffer hidden = be.alloc_floats(size_t(n) * c.n_embd);
-        model.embed(seq.data(), n, hidden.data());
-        for (int l = 0; l < c.n_layer; ++l) {
-            model.layer_forward(l, hidden.data(), n, pos.data(), group.data(), slots.data(), cache);
-        }
-        const size_t row = size_t(cache.row());
-        int at = 0;
-        for (size_t k = i; k < j; ++k) {
-            ChunkKv& ck = out[k];
-            const int m = int(chunks[k].size());
-            ck.tokens = chunks[k];
-            for (int t = 0; t < m; ++t) ck.local_pos.push_back(lead + t);
-            at += lead;
-            for (int l = 0; l < c.n_layer; ++l) {
-                ck.k.push_back(be.alloc_floats(std::max<size_t>(1, size_t(m) * row)));
-                ck.v.push_back(be.alloc_floats(std::max<size_t>(1, size_t(m) * row)));
-                cache.read_range(l, at, m, ck.k[l].data(), ck.v[l].data());
-            }
-            at += m;
-        }
-        i = j;
-    }
+                                    int32_t sink_id) {
+    // One pass per chunk, never several chunks in one GEMM: a GEMM's rounding depends on where
+    // a row sits in it, so packed chunks would differ (in the last bits) from chunks prefilled
+    // alone — which is what the KV store holds (DESIGN §8: a cached run equals a fresh run).
+    std::vector<ChunkKv> out;
+    out.reserve(chunks.size());
+    for (const auto& ch : chunks) out.push_back(prefill_chunk(model, ch, sink_id));
     return out;
 }
 

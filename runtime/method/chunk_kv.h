@@ -24,12 +24,11 @@ struct ChunkKv {
 // prefill of the chunk at positions 0.. (how chunk 0 is computed).
 ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id);
 
-// Prefills several chunks independently, each as [sink] + chunk (the same result as
-// prefill_chunk on each), packing small chunks into one forward pass of up to `batch_tokens`
-// tokens with a block-diagonal visibility (one group per chunk): passages of a few dozen tokens
-// would otherwise run the model at tiny GEMM sizes.
+// Prefills several chunks independently, each exactly as prefill_chunk does (one forward pass
+// per chunk), so a chunk's K/V do not depend on the other chunks of the request: chunks loaded
+// from the KV store (prefilled alone by cache-build) equal freshly prefilled ones bit for bit.
 std::vector<ChunkKv> prefill_chunks(Model& model, const std::vector<std::vector<int32_t>>& chunks,
-                                    int32_t sink_id, int batch_tokens = 512);
+                                    int32_t sink_id);
 
 // Appends the chunks to `cache` in `order` (indices into `chunks`), token j of the result at
 // position target_pos[j] (one entry per appended token, in appended order) with visibility group

@@ -38,11 +38,22 @@ void check_recompute_method(const Config& cfg, const char* where) {
              "method.name = \"" << to_string(m) << "\" is not a " << where << " method");
 }
 
-std::vector<ChunkKv> prefill_context(Model& model, const PreparedRequest& req, int first, int end) {
-    std::vector<ChunkKv> own = prefill_chunks(
-        model,
-        std::vector<std::vector<int32_t>>(req.chunks.begin() + first, req.chunks.begin() + end),
-        req.sink_id);
+std::vector<ChunkKv> prefill_context(Model& model, const PreparedRequest& req, int first, int end,
+                                     ChunkSource* source, const std::function<void()>& loaded) {
+    std::vector<ChunkKv> own;
+    if (source && source->uses_store()) {
+        std::vector<int> which;
+        for (int i = std::max(first, 1); i < end; ++i) which.push_back(i);
+        source->load(which);
+        if (loaded) loaded();
+        own = source->take(which);
+        if (first == 0 && end > 0) own.insert(own.begin(), ChunkKv());  // index i - first
+    } else {
+        own = prefill_chunks(
+            model,
+            std::vector<std::vector<int32_t>>(req.chunks.begin() + first, req.chunks.begin() + end),
+            req.sink_id);
+    }
     std::vector<ChunkKv> chunks;
     const int lead = req.sink_id >= 0 ? 1 : 0;
     for (int i = 0; i < req.n_chunks(); ++i) {
@@ -58,6 +69,15 @@ std::vector<ChunkKv> prefill_context(Model& model, const PreparedRequest& req, i
         }
     }
     return chunks;
+}
+
+void save_to_store(ChunkSource& source, const std::vector<ChunkKv>& chunks, MethodResult& r) {
+    if (!source.uses_store()) return;
+    source.save(chunks);  // read-write only; nothing otherwise
+    r.store_chunks = source.use().chunks_loaded;
+    r.store_tokens = source.use().tokens_loaded;
+    r.store_bytes = source.use().bytes_loaded;
+    r.store_added = source.use().chunks_added;
 }
 
 std::vector<int> identity_order(int n) {

@@ -1,14 +1,16 @@
 // The parts of the method's phases (DESIGN §3, §5.2) that the single-rank pipeline and the
-// distributed one share: the request's checks and result, the chunk prefill of phase 1 (here the
-// store will later load chunks instead), what phase 2 selects with, and the answer of phase 4
-// on one cache. What differs between the two pipelines stays in their own files.
+// distributed one share: the request's checks and result, the chunk prefill of phase 1 (or the
+// load of its chunks from the KV store, DESIGN §8), what phase 2 selects with, and the answer of
+// phase 4 on one cache. What differs between the two pipelines stays in their own files.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "runtime/config/config.h"
 #include "runtime/method/chunk_kv.h"
+#include "runtime/method/chunk_store.h"
 #include "runtime/method/pipeline.h"
 #include "runtime/method/request.h"
 #include "runtime/method/scoring.h"
@@ -29,8 +31,16 @@ void check_positions(const Model& model, int T, int Q, int max_new);
 void check_recompute_method(const Config& cfg, const char* where);
 
 // Phase 1 (§3.1): chunk 0 exact (no sink) and chunks [first, end) each as [sink] + chunk; every
-// other chunk is a shadow (tokens and local positions, no K/V).
-std::vector<ChunkKv> prefill_context(Model& model, const PreparedRequest& req, int first, int end);
+// other chunk is a shadow (tokens and local positions, no K/V). With a store (source->uses_store())
+// the chunks of [first, end) that it holds are loaded first, then `loaded` is called (the driver
+// ends its "store_load" phase there), and only the others are prefilled.
+std::vector<ChunkKv> prefill_context(Model& model, const PreparedRequest& req, int first, int end,
+                                     ChunkSource* source = nullptr,
+                                     const std::function<void()>& loaded = {});
+
+// Phase 1's store accounting into the result; with store.mode = "read-write" first adds the
+// chunks prefilled here (`chunks[i]` = chunk i of the request) to the store.
+void save_to_store(ChunkSource& source, const std::vector<ChunkKv>& chunks, MethodResult& r);
 
 // The chunk order 0, 1, .., n-1.
 std::vector<int> identity_order(int n);

@@ -12,6 +12,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/progress.h"
 #include "runtime/method/chunk_kv.h"
+#include "runtime/method/chunk_store.h"
 #include "runtime/method/phases.h"
 #include "runtime/method/placement.h"
 #include "runtime/method/recompute.h"
@@ -231,7 +232,11 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     check_recompute_method(cfg, "single-rank");
     PhaseClock clock(r.phases);
 
-    const std::vector<ChunkKv> chunks = prefill_context(model, req, 1, req.n_chunks());
+    // Phase 1: chunk 0 exact, chunks >= 1 with the sink, or loaded from the KV store
+    // (store.path) as their own phase.
+    ChunkSource source(model, req, cfg);
+    const std::vector<ChunkKv> chunks =
+        prefill_context(model, req, 1, req.n_chunks(), &source, [&] { clock.mark("store_load"); });
     clock.mark("chunk_prefill");
     r.chunk_order = identity_order(req.n_chunks());
     if (cfg.method.name == Config::Method::infoflow && cfg.method.reorder) {
@@ -254,6 +259,10 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     if (x.grouped()) gen.group = 0;
     decode_answer(model, x.cache, gen, r);
     clock.mark("decode");
+    save_to_store(source, chunks, r);  // store.mode = "read-write": after the answer
+    if (source.uses_store() && cfg.store.mode == Config::StoreMode::read_write) {
+        clock.mark("store_write");
+    }
     return r;
 }
 

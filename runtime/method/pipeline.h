@@ -33,6 +33,12 @@ struct MethodResult {
     double ttft_ms = 0.0;           // request to first-token logits
     std::vector<PhaseTime> phases;  // this rank's phases
     int ranks = 1;
+    // Phase 1 with the KV store (DESIGN §8), summed over ranks: context chunks and tokens loaded
+    // from store.path, document bytes read, chunks added (store.mode = "read-write").
+    int store_chunks = 0;
+    int store_tokens = 0;
+    uint64_t store_bytes = 0;
+    int store_added = 0;
     // Per phase, per rank (filled on rank 0 of a distributed run): [phase][rank].
     std::vector<std::vector<PhaseTime>> phases_per_rank;
 };

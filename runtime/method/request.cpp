@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "runtime/core/error.h"
+#include "runtime/core/fs.h"
 #include "runtime/formats/chat_template.h"
 #include "runtime/formats/tokenizer.h"
 
@@ -80,6 +81,7 @@ PreparedRequest prepare_request(const Tokenizer& tok, const ChatTemplate& chat,
     const std::vector<int32_t> intro = chat.text(ins.intro);
     prefix.insert(prefix.end(), intro.begin(), intro.end());
     r.sink_id = resolve_sink(tok, prefix, cfg.chunking.sink);
+    r.tokenizer_hash = hex64(tok.fingerprint());
     r.chunks.push_back(prefix);
 
     std::vector<std::vector<int32_t>> docs;

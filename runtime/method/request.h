@@ -20,7 +20,8 @@ struct PreparedRequest {
     std::vector<int32_t> suffix;               // tokens after the context
     int question_begin = 0;                    // question tokens: suffix[begin, end)
     int question_end = 0;
-    int32_t sink_id = -1;  // prepended to chunks >= 1 at prefill; -1 = none
+    int32_t sink_id = -1;        // prepended to chunks >= 1 at prefill; -1 = none
+    std::string tokenizer_hash;  // of the tokenizer that made the ids (KV store identity, §8)
 
     int n_chunks() const { return int(chunks.size()); }
     int context_tokens() const;                     // T: tokens of chunks 0..K

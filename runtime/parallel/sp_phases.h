@@ -9,10 +9,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "runtime/method/chunk_kv.h"
+#include "runtime/method/chunk_store.h"
 #include "runtime/method/pipeline.h"
 #include "runtime/method/placement.h"
 
@@ -48,8 +50,11 @@ struct ShardPrefill {
     Shard shard;
     KvCache cache;
 };
+// With a store, this rank's chunks that it holds are loaded, not prefilled; `loaded` is called
+// between the load and the prefill (prefill_context).
 ShardPrefill shard_prefill(Model& model, const PreparedRequest& req, const Config& cfg, int rank,
-                           int n_ranks);
+                           int n_ranks, ChunkSource* source = nullptr,
+                           const std::function<void()>& loaded = {});
 
 // Phase 2's output, identical on every rank except `own_hidden`.
 struct SpSelection {

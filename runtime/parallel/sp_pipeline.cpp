@@ -3,6 +3,7 @@
 #include "runtime/parallel/sp_pipeline.h"
 
 #include "runtime/core/error.h"
+#include "runtime/method/chunk_store.h"
 #include "runtime/method/phases.h"
 #include "runtime/parallel/phase_clock.h"
 #include "runtime/parallel/sp_phases.h"
@@ -43,8 +44,14 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
     r.chunk_order = identity_order(req.n_chunks());
     SpClock clock(comm, r.phases);
 
-    clock.begin("shard_prefill");  // 1. no messages
-    ShardPrefill p = shard_prefill(model, req, cfg, comm.rank(), comm.size());
+    // 1. no messages; this shard's chunks found in the KV store are loaded instead (phase
+    // store_load, every rank reading the same file)
+    clock.begin(cfg.store.path.empty() ? "shard_prefill" : "store_load");
+    ChunkSource source(model, req, cfg);
+    ShardPrefill p = shard_prefill(model, req, cfg, comm.rank(), comm.size(), &source, [&] {
+        clock.end();
+        clock.begin("shard_prefill");
+    });
     const Shard& sh = p.shard;
     clock.end();
 
@@ -74,6 +81,21 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
     }
     clock.end();
 
+    if (source.uses_store()) {
+        // Each rank adds its own prefilled chunks (the store's lock serializes the writers).
+        const bool write = cfg.store.mode == Config::StoreMode::read_write;
+        if (write) clock.begin("store_write");
+        save_to_store(source, sh.chunks, r);
+        if (write) clock.end();
+        // Summed over ranks, the same on every rank (the configs agree).
+        double use[4] = {double(r.store_chunks), double(r.store_tokens), double(r.store_bytes),
+                         double(r.store_added)};
+        comm.all_reduce(use, 4, DType::f64, ReduceOp::sum);
+        r.store_chunks = int(use[0]);
+        r.store_tokens = int(use[1]);
+        r.store_bytes = uint64_t(use[2]);
+        r.store_added = int(use[3]);
+    }
     gather_phases(comm, r);
     return r;
 }

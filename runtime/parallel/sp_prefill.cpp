@@ -7,7 +7,7 @@
 namespace infoflow {
 
 ShardPrefill shard_prefill(Model& model, const PreparedRequest& req, const Config& cfg, int rank,
-                           int n_ranks) {
+                           int n_ranks, ChunkSource* source, const std::function<void()>& loaded) {
     Shard sh;
     sh.rank = rank;
     std::vector<int> sizes;
@@ -15,7 +15,7 @@ ShardPrefill shard_prefill(Model& model, const PreparedRequest& req, const Confi
     sh.place = place_chunks(sizes, n_ranks);
     const int first_chunk = sh.place.first_chunk[rank];
     const int end_chunk = sh.place.end_chunk[rank];
-    sh.chunks = prefill_context(model, req, first_chunk, end_chunk);
+    sh.chunks = prefill_context(model, req, first_chunk, end_chunk, source, loaded);
 
     sh.gpos = global_positions(sh.chunks, identity_order(req.n_chunks()));
     for (int i = 0, at = 0; i < req.n_chunks(); ++i) {

@@ -133,9 +133,11 @@ runs = 3
 warmup = 0
 threads = 4
 spread_limit = 0.1
-[cache]
+[store]
 path = "cache/kv.h5"
-build_from = "docs.jsonl"
+mode = "read-write"
+dtype = "f32"
+compression = 3
 [output]
 path = "out/r.json"
 csv = "out/r.csv"
@@ -262,8 +264,10 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.bench.warmup == 0);
     CHECK(c.bench.threads == 4);
     CHECK(c.bench.spread_limit == Approx(0.1));
-    CHECK(c.cache.path == "cache/kv.h5");
-    CHECK(c.cache.build_from == "docs.jsonl");
+    CHECK(c.store.path == "cache/kv.h5");
+    CHECK(c.store.mode == C::StoreMode::read_write);
+    CHECK(c.store.dtype == C::StoreDType::f32);
+    CHECK(c.store.compression == 3);
     CHECK(c.output.path == "out/r.json");
     CHECK(c.output.csv == "out/r.csv");
     CHECK(c.output.name == "r");
@@ -306,6 +310,11 @@ TEST_CASE("unknown keys name the key, FILE:LINE and the closest key", "[cpu][con
     // A key that belongs in a section, written at the top level.
     const std::string e3 = error_of([] { parse("ratio = 0.2\n"); });
     CHECK(e3 == "unknown key 'ratio' at x.toml:1 (did you mean 'method.ratio'?)");
+
+    // The retired [cache] section points to [store].
+    CHECK_THAT(
+        error_of([] { parse("[cache]\npath = \"kv.h5\"\n"); }),
+        Catch::Contains("unknown section '[cache]'") && Catch::Contains("replaced by [store]"));
 
     // Far from every key: no suggestion.
     const std::string e4 = error_of([] { parse("[scoring]\ncompletely_wrong = 1\n"); });
@@ -377,7 +386,8 @@ TEST_CASE("out-of-range values and bad enum names", "[cpu][config]") {
           "niah.methods[1] at x.toml:2: 'fast' is not one of "
           "full|none|infoflow|cacheblend|epic|ring|reform");
     CHECK(error_of([] { parse("[request]\ndocuments_file = \"docs.csv\"\n"); }) ==
-          "request.documents_file at x.toml:2: 'docs.csv' must be a .jsonl or .txt file");
+          "request.documents_file at x.toml:2: 'docs.csv' must be a .jsonl or .txt file, or a "
+          "folder of .txt files ending in '/'");
 }
 
 TEST_CASE("keys that exclude each other", "[cpu][config]") {
@@ -638,9 +648,6 @@ TEST_CASE("command line", "[cpu][config]") {
 TEST_CASE("planned features are rejected on the command line", "[cpu][config]") {
     // The loader accepts them (configs round-trip); the command line refuses to run them.
     const std::vector<std::pair<std::string, std::string>> cases = {
-        {"job=cache-build", "job = \"cache-build\""},
-        {"cache.path=kv.h5", "cache.path"},
-        {"cache.build_from=docs.jsonl", "cache.build_from"},
         {"method.name=reform", "method.name = \"reform\""},
         {"model.dtype=bf16", "model.dtype = \"bf16\""},
         {"niah.methods=[full,reform]", "niah.methods"},

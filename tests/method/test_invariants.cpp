@@ -163,28 +163,3 @@ TEST_CASE("recompute uses the exact mask key_pos <= query_pos", "[method][invari
     CHECK(rel_err(run(false), full.first_logits) <= kTol);
     CHECK(rel_err(run(true), full.first_logits) > 1e-2);
 }
-
-TEST_CASE("batched chunk prefill equals one prefill per chunk", "[method]") {
-    TinyModel tm;
-    const PreparedRequest req = random_request(9, tm.w.config.n_vocab, 3, {5, 17, 2, 30, 9, 11}, 4);
-    const std::vector<std::vector<int32_t>> rest(req.chunks.begin() + 1, req.chunks.end());
-    for (int32_t sink : {-1, 1}) {
-        const std::vector<ChunkKv> batched = prefill_chunks(*tm.m, rest, sink, 40);
-        for (size_t i = 0; i < rest.size(); ++i) {
-            const ChunkKv one = prefill_chunk(*tm.m, rest[i], sink);
-            CAPTURE(sink, i);
-            CHECK(batched[i].tokens == one.tokens);
-            CHECK(batched[i].local_pos == one.local_pos);
-            for (int l = 0; l < tm.w.config.n_layer; ++l) {
-                const size_t m = one.tokens.size() * size_t(tm.w.config.n_head_kv) *
-                                 size_t(tm.w.config.head_dim);
-                std::vector<float> a(batched[i].k[l].data(), batched[i].k[l].data() + m);
-                std::vector<float> b(one.k[l].data(), one.k[l].data() + m);
-                CHECK(rel_err(a, b) <= 1e-5);
-                std::vector<float> c(batched[i].v[l].data(), batched[i].v[l].data() + m);
-                std::vector<float> d(one.v[l].data(), one.v[l].data() + m);
-                CHECK(rel_err(c, d) <= 1e-5);
-            }
-        }
-    }
-}
