@@ -1,4 +1,4 @@
-// The document KV store's benchmark (DESIGN §8, §10): TTFT of InfoFlow with every document
+// The document KV store's benchmark (docs/design.md §8, §10): TTFT of InfoFlow with every document
 // cached vs prefilled, store bytes per token, load throughput, and Q questions over the same
 // documents with and without the store (the store's build time counted in). Runs on 1 rank, or
 // on P ranks under mpirun (each rank loads its own shard). Requests are synthetic token ids

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-# The paper's Table 5 (4xH100, ratio 0.15), ms: single, ring, InfoFlow (DESIGN §10).
+# The paper's Table 5 (4xH100, ratio 0.15), ms: single, ring, InfoFlow (docs/design.md §10).
 PAPER = {8192: (566.7, 247.5, 232.0), 16384: (1285.8, 707.8, 427.6), 32768: (3190.5, 2350.1, 914.0)}
 # Targets of the acceptance list.
 FULL_TTFT_MS = {8192: 250.0, 16384: 600.0, 32768: 1500.0}

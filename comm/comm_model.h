@@ -1,4 +1,4 @@
-// The timing model of emulated ranks (bench-ttft with bench.emulate_timing, DESIGN §10): an
+// The timing model of emulated ranks (bench-ttft with bench.emulate_timing, docs/design.md §10): an
 // alpha-beta cost per collective and message, and the virtual timeline on which P ranks' measured
 // compute segments and modelled communication are laid out. Pure arithmetic, no threads and no
 // clocks: comm/thread_comm.cpp feeds it measured segment times; the tests feed it known ones.
@@ -23,7 +23,7 @@
 // the collective). A message posted at clock t on link src -> dst starts at max(t, the link's
 // previous message's arrival) and arrives cost later; the receiver's wait ends at
 // max(its clock, the arrival), so compute between posting and waiting overlaps the transfer
-// (ring attention's block exchange, DESIGN §5.4), and a send completes when its message arrives.
+// (ring attention's block exchange, docs/design.md §5.4), and a send completes when its message arrives.
 #pragma once
 
 #include <cstddef>

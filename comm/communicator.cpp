@@ -1,7 +1,7 @@
 // The shared half of every communicator: argument checks, timing and byte accounting around the
-// implementations' do_* calls (DESIGN §5.5), Request, the stats gather, the config-hash check
+// implementations' do_* calls (docs/design.md §5.5), Request, the stats gather, the config-hash check
 // and abort_job (§11). This is also the factory file: the only place that tests INFOFLOW_HAVE_MPI
-// and INFOFLOW_HAVE_NCCL (STYLE §3). It never calls MPI, CUDA or NCCL itself; they stay in
+// and INFOFLOW_HAVE_NCCL (docs/style.md point 3). It never calls MPI, CUDA or NCCL itself; they stay in
 // mpi_env.cpp, mpi_comm.cpp and nccl_comm.cpp.
 #include "comm/communicator.h"
 
@@ -562,7 +562,7 @@ void check_same_model(Communicator& comm, const std::string& identity, const std
 
 // ---- factory -------------------------------------------------------------------------------
 
-// The one #if on MPI (STYLE §3): what the rest of this section may call.
+// The one #if on MPI (docs/style.md point 3): what the rest of this section may call.
 namespace {
 #if defined(INFOFLOW_HAVE_MPI)
 constexpr bool k_have_mpi = true;
@@ -588,7 +588,7 @@ std::unique_ptr<Communicator> mpi_communicator(const WatchdogTimeouts&) {
 }
 #endif
 
-// The one #if on NCCL (STYLE §3).
+// The one #if on NCCL (docs/style.md point 3).
 #if defined(INFOFLOW_HAVE_NCCL)
 constexpr bool k_have_nccl = true;
 std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator> host,

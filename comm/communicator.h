@@ -1,5 +1,5 @@
-// The communicator: a small abstract interface with coarse ops (STYLE §4) over which the
-// sequence-parallel phases (DESIGN §5.2) and ring attention (§5.4) move data, plus the byte and
+// The communicator: a small abstract interface with coarse ops (docs/style.md point 4) over which the
+// sequence-parallel phases (docs/design.md §5.2) and ring attention (§5.4) move data, plus the byte and
 // wait-time accounting of §5.5 and the fault helpers of §11. Implementations: `SelfComm` (one
 // rank, no library; comm/self_comm.cpp), `MpiComm` (comm/mpi_comm.h) and `NcclComm`
 // (comm/nccl_comm.h). This header
@@ -46,7 +46,7 @@ size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 const char* reduce_op_name(ReduceOp op);
 
-// Communication counted for one phase on one rank (DESIGN §5.5). Bytes are *logical payload*,
+// Communication counted for one phase on one rank (docs/design.md §5.5). Bytes are *logical payload*,
 // not what the library's algorithm puts on the wire; data a rank keeps for itself (its own
 // block of an all-gather, its diagonal block of an all-to-all, a message to itself) is never
 // counted. For rank r of P ranks:
@@ -138,7 +138,7 @@ class Communicator {
 
     int rank() const { return rank_; }
     int size() const { return size_; }
-    // Rank among the ranks on this node (GPU selection, FORMATS §9.2) and their count.
+    // Rank among the ranks on this node (GPU selection, docs/formats.md §9.2) and their count.
     int local_rank() const { return local_rank_; }
     int local_size() const { return local_size_; }
     // "self" | "mpi" | "nccl".
@@ -186,7 +186,7 @@ class Communicator {
     // (MPI_Abort for MPI). Never returns.
     [[noreturn]] virtual void abort(int code, const std::string& msg) = 0;
 
-    // ---- accounting (DESIGN §5.5) ----
+    // ---- accounting (docs/design.md §5.5) ----
     // Calls from now on are counted under `phase` (non-empty, printable, no tabs or newlines).
     // The phase before the first set_phase is "other".
     void set_phase(const std::string& phase);
@@ -201,7 +201,7 @@ class Communicator {
     // Used by Request to charge its wait time.
     void add_wait(const std::string& phase, double ms);
 
-    // ---- watchdog (DESIGN §11, comm/watchdog.h) ----
+    // ---- watchdog (docs/design.md §11, comm/watchdog.h) ----
     // The deadlines of this communicator's waits: set_timeouts() after construction, and
     // end_startup() once the start-up checks are done (check_same_model does it). SelfComm
     // never waits for a peer, so its watchdog is never consulted.
@@ -262,14 +262,14 @@ class PhaseScope {
 };
 
 // Collective: every rank's stats() (a snapshot taken on entry) on every rank, for the per-rank
-// JSON columns of DESIGN §9. Phases in order of first appearance on rank 0, then on rank 1, ...
+// JSON columns of docs/design.md §9. Phases in order of first appearance on rank 0, then on rank 1, ...
 // The gather's own traffic is counted afterwards under the phase "comm_stats".
 std::vector<PhaseStatsAllRanks> gather_stats(Communicator& comm);
 
 // The fixed-size slot check_same_config compares (exposed for tests).
 constexpr size_t k_config_hash_slot = 64;
 
-// Collective start-up check (DESIGN §11): all-gathers every rank's `config_hash` (a string of
+// Collective start-up check (docs/design.md §11): all-gathers every rank's `config_hash` (a string of
 // at most 64 bytes; a longer one is compared by its FNV-1a hex) and, when any rank's differs
 // from rank 0's, throws infoflow::Error on every rank naming the differing ranks and hashes.
 void check_same_config(Communicator& comm, const std::string& config_hash);
@@ -278,7 +278,7 @@ void check_same_config(Communicator& comm, const std::string& config_hash);
 constexpr size_t k_model_identity_slot = 64;
 constexpr size_t k_model_source_slot = 960;
 
-// Collective start-up check (DESIGN §11) of the model every rank loaded: `identity` is a
+// Collective start-up check (docs/design.md §11) of the model every rank loaded: `identity` is a
 // fingerprint of what was loaded (architecture, shapes, tensor bytes, tokenizer; a longer one is
 // compared by its FNV-1a hex), `source` the file it came from (reported as this host resolves
 // it, realpath, since one relative path may name different files; truncated to the slot). When any

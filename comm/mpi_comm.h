@@ -1,7 +1,7 @@
 // MpiComm: the Communicator over an MPI communicator (host buffers only: Debian's Open MPI is not
-// CUDA-aware, FORMATS §9.4), and IF_MPI_CHECK, which turns a failed MPI call into an
+// CUDA-aware, docs/formats.md §9.4), and IF_MPI_CHECK, which turns a failed MPI call into an
 // infoflow::Error with file:line, the call and MPI's error string. This header includes mpi.h:
-// only comm/*.cpp may include it (STYLE §2); everything else uses comm/communicator.h.
+// only comm/*.cpp may include it (docs/style.md point 2); everything else uses comm/communicator.h.
 #pragma once
 
 #include <mpi.h>

@@ -1,6 +1,6 @@
 // NcclComm: every Communicator op as NCCL calls (one group per op) on the caller's stream,
 // completed under the watchdog; host-buffer calls through the owned host channel; the bootstrap
-// of FORMATS §9.2-9.3. The rules (memory, blocking, deferred point-to-point, watchdog) are in
+// of docs/formats.md §9.2-9.3. The rules (memory, blocking, deferred point-to-point, watchdog) are in
 // comm/nccl_comm.h. Every CUDA and NCCL return code is checked (IF_CUDA_CHECK, IF_NCCL_CHECK:
 // file:line, the call and the library's error string).
 #include "comm/nccl_comm.h"

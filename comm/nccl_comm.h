@@ -5,7 +5,7 @@
 // (comm/communicator.cpp) and the tests name it; it is compiled only when CMake found CUDA and
 // NCCL (comm/nccl_comm.cpp).
 //
-// Bootstrap (FORMATS §9.2, §9.3). NcclComm owns a host communicator (MpiComm when MPI runs,
+// Bootstrap (docs/formats.md §9.2, §9.3). NcclComm owns a host communicator (MpiComm when MPI runs,
 // SelfComm for a 1-rank job without MPI) that is its control channel: construction selects the
 // device (node-local rank modulo the visible devices, cudaSetDevice before any other CUDA call
 // but the device count), checks on every rank that the job can start (a device on every rank, no
@@ -13,7 +13,7 @@
 // ncclUniqueId over the host channel (a 1-rank job makes its own) and calls ncclCommInitRank.
 //
 // Which library moves a call's data: the memory rule. Debian's Open MPI is not CUDA-aware
-// (FORMATS §9.4), so a device pointer never reaches MPI. Each call's non-null buffers are
+// (docs/formats.md §9.4), so a device pointer never reaches MPI. Each call's non-null buffers are
 // classified with classify_pointer() (buffers of zero bytes are not):
 //   - all device (or managed) memory: NCCL, on `stream`;
 //   - all host memory (pageable or pinned): the host channel (MPI, or copies for one rank),
@@ -41,7 +41,7 @@
 // sizes of a matched pair are not checked across ranks (NCCL has no envelope); a message to self
 // is a device copy and is checked (size, a partner posted) like SelfComm's.
 //
-// Watchdog (DESIGN §11). A device operation that has not completed `timeout_s` seconds after it
+// Watchdog (docs/design.md §11). A device operation that has not completed `timeout_s` seconds after it
 // was enqueued ends the job: ncclCommAbort (waited for at most 2 s: it may itself wait for the
 // stuck device work), then "[rank r/P] error: NCCL <op> in phase <phase> did not complete within
 // N s" and the host channel's abort (MPI_Abort: every rank ends; one rank without MPI: _Exit).

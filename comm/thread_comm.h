@@ -1,5 +1,5 @@
 // ThreadComm: P virtual ranks in one process, one thread each, over host memory (the emulated
-// timing mode of bench-ttft, DESIGN §10). Data really moves (memcpy between the threads), the
+// timing mode of bench-ttft, docs/design.md §10). Data really moves (memcpy between the threads), the
 // byte accounting is the Communicator's own (so it equals MpiComm's exactly), collectives are
 // rendezvous points and point-to-point messages match by (source, tag) in posting order as in
 // MPI. Reductions run in rank order (rank 0's buffer, then rank 1's, ...), so every rank gets the

@@ -1,4 +1,4 @@
-// The watchdog (DESIGN §11): every blocking wait of a communicator has a deadline, and a rank
+// The watchdog (docs/design.md §11): every blocking wait of a communicator has a deadline, and a rank
 // whose peers do not arrive ends the job naming the rank that is missing and the phase. Plain
 // C++ (no mpi.h, no nccl.h); the MPI side channel is in comm/mpi_comm.h.
 //

@@ -1,4 +1,4 @@
-// The compute backend: a small interface with coarse ops (STYLE §4). The CPU backend is always
+// The compute backend: a small interface with coarse ops (docs/style.md point 4). The CPU backend is always
 // built and is the reference every other backend is tested against; a CUDA backend implements
 // the same ops on device buffers and a stream. Shapes are row-major, outermost first, written on
 // every parameter. Numerics: fp32 accumulation; attention returns fp32 output and the
@@ -60,7 +60,7 @@ class Buffer {
 // Attention of queries over keys with arbitrary per-token positions and a visibility rule:
 // key j is visible to query i iff k_pos[j] <= q_pos[i] and (k_group == nullptr or
 // k_group[j] < 0 or q_group[i] == k_group[j]). Groups express the shard/selection visibility of
-// DESIGN §5.2 (a negative key group = visible to every query). GQA: query head h reads KV head
+// docs/design.md §5.2 (a negative key group = visible to every query). GQA: query head h reads KV head
 // h / (n_head / n_head_kv). A query with no visible key gets out = 0 and lse = -inf.
 // q, k, v, out, lse: backend memory; q_pos, k_pos, q_group, k_group: host memory.
 struct AttnParams {
@@ -82,7 +82,7 @@ struct AttnParams {
     float* lse = nullptr;  // [n_q, n_head] natural log; optional
 };
 
-// Attention-probability column scores for the InfoFlow criterion (DESIGN §3.3), without
+// Attention-probability column scores for the InfoFlow criterion (docs/design.md §3.3), without
 // materializing [n_head, n_q, n_cols]: with P[h,i,j] = exp(scale * q_i.k_j - lse[i,h]) for a
 // visible key j (0 otherwise, same rule as AttnParams),
 //   aggregate "norm": col[j] += sum_i (mean_h P[h,i,j])^2
@@ -109,7 +109,7 @@ struct ScoreParams {
     float* col = nullptr;        // [n_cols], accumulated into
 };
 
-// Seeded synthetic weights (random: models, DESIGN §7), counter-based so that any backend
+// Seeded synthetic weights (random: models, docs/design.md §7), counter-based so that any backend
 // produces the same values: element i of a tensor is `random_weight(key, i)`
 // (kernels/random_init.h) with key = seed ^ hash(tensor name).
 struct RandomMatrixSpec {
@@ -174,7 +174,7 @@ class Backend {
                         float* out /*[n]*/) = 0;
     // y += x
     virtual void add(float* y /*[n]*/, const float* x /*[n]*/, size_t n) = 0;
-    // Merge a partial attention state (o_b, lse_b) into (o_a, lse_a), DESIGN §5.3. Rows of
+    // Merge a partial attention state (o_b, lse_b) into (o_a, lse_a), docs/design.md §5.3. Rows of
     // width head_dim, one lse per row; an empty state (lse = -inf) merges without NaN.
     virtual void lse_merge(float* o_a /*[rows, head_dim]*/, float* lse_a /*[rows]*/,
                            const float* o_b /*[rows, head_dim]*/, const float* lse_b /*[rows]*/,

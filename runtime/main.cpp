@@ -1,4 +1,4 @@
-// infoflow_sp: answers questions over long contexts (DESIGN §1, §9).
+// infoflow_sp: answers questions over long contexts (docs/design.md §1, §9).
 //   infoflow_sp --config FILE [--set section.key=value ...] [--out FILE.json]
 #include <algorithm>
 #include <cstdio>

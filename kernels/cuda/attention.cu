@@ -1,5 +1,5 @@
 // Plain attention kernels of the CUDA backend under the full visibility rule of AttnParams
-// (DESIGN §5.2): the GPU-side oracle and fallback for the library kernels, and the InfoFlow
+// (docs/design.md §5.2): the GPU-side oracle and fallback for the library kernels, and the InfoFlow
 // column scores. Written for obvious correctness, not speed; the CPU backend is the reference.
 #include <cmath>
 

@@ -1,7 +1,7 @@
 // The CUDA backend: device buffers, one stream, cuBLAS GEMMs (bf16 in, fp32 compute and out)
 // and the kernels behind kernels/cuda/launch.h. Weights are bf16 on the device; activations, KV
 // and every accumulation fp32. Host index arrays are staged into device scratch per op, through
-// a small ring of pinned buffers so the host never waits for the device to stage (DESIGN §5,
+// a small ring of pinned buffers so the host never waits for the device to stage (docs/design.md §5,
 // kernels/backend.h).
 //
 // Attention: every call FlashInfer computes exactly (attn_dispatch.h: dense causal, decode,
@@ -97,7 +97,7 @@ AttnMode attn_mode_from_env() {
 class CudaBackend final : public Backend {
   public:
     CudaBackend(int n_threads, int local_rank) : attn_mode_(attn_mode_from_env()) {
-        // Device selection comes before any other CUDA call (FORMATS §9.2 of the design notes).
+        // Device selection comes before any other CUDA call (docs/formats.md §9.2 of the design notes).
         int count = 0;
         const cudaError_t err = cudaGetDeviceCount(&count);
         IF_CHECK(err == cudaSuccess && count > 0,

@@ -124,7 +124,7 @@ __global__ void add_bias_kernel(float* out, const float* bias, int n, int m) {
     }
 }
 
-// One thread per row: the overflow-free merge of DESIGN §5.3, as the CPU backend does it.
+// One thread per row: the overflow-free merge of docs/design.md §5.3, as the CPU backend does it.
 __global__ void lse_merge_kernel(float* o_a, float* lse_a, const float* o_b, const float* lse_b,
                                  int rows, int head_dim) {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;

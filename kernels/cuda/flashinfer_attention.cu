@@ -41,7 +41,7 @@ __global__ void fill_empty(float* lse, size_t n) {
 
 // Merge of the split-KV partials of one (query, head) row per block, one thread per output
 // element: o = sum_c w_c o_c / sum_c w_c with w_c = 2^(lse2_c - max), lse = ln 2 * (max +
-// log2 sum_c w_c) (DESIGN §5.3). Empty chunks (lse2 = -inf) weigh 0; a row with every chunk
+// log2 sum_c w_c) (docs/design.md §5.3). Empty chunks (lse2 = -inf) weigh 0; a row with every chunk
 // empty is the empty state (0, -inf).
 __global__ void merge_chunks(const float* part_o /*[n_q, n_chunks, n_head, head_dim]*/,
                              const float* part_lse2 /*[n_q, n_chunks, n_head]*/, int n_chunks,

@@ -1,7 +1,7 @@
 // Attention on the GPU through FlashInfer's header-only FA2 prefill kernel (CUDA-free header;
 // the kernels live in flashinfer_attention*.cu, built only when CMake found FlashInfer's headers
 // and CUDA, see INFOFLOW_HAVE_FLASHINFER). bf16 q/k/v on the device, fp32 output and fp32
-// natural-log LSE (DESIGN §5.3): FlashInfer returns a log2-based LSE, converted here.
+// natural-log LSE (docs/design.md §5.3): FlashInfer returns a log2-based LSE, converted here.
 //
 // Which case uses which FlashInfer mode (attn_dispatch.h decides):
 //   launch_flashinfer_prefill: dense causal, bottom-right aligned: query i sees keys

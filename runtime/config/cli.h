@@ -1,4 +1,4 @@
-// The command line of infoflow_sp (DESIGN §9):
+// The command line of infoflow_sp (docs/design.md §9):
 //   infoflow_sp --config FILE [--set section.key=value ...] [--out FILE.json]
 // parsed into CliArgs, and the effective Config built from it (file, then each --set in order,
 // then --out, which overrides output.path).

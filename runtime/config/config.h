@@ -1,8 +1,8 @@
-// The run configuration of infoflow_sp (DESIGN §9): one typed field per TOML key, loaded from a
+// The run configuration of infoflow_sp (docs/design.md §9): one typed field per TOML key, loaded from a
 // config file plus `--set section.key=value` overrides, validated once here (types, ranges,
 // enum names, unknown keys with a "did you mean" hint), every error naming the key and
 // FILE:LINE (or the `--set` argument). The effective config has a canonical JSON form
-// (`to_json`, every key) and a hash of it, compared across ranks at start-up (DESIGN §11).
+// (`to_json`, every key) and a hash of it, compared across ranks at start-up (docs/design.md §11).
 //
 // Relative paths (model.path, request.documents_file, request.question_file, niah.filler_file,
 // eval.data_file, store.path, output.path, output.csv) are kept as written and
@@ -71,7 +71,7 @@ struct Config {
     struct ChunkingSection {
         ChunkMode mode = ChunkMode::passage;
         // Tokens per chunk for mode "fixed", > 0. Unset = k_default_chunk_size on one rank, and
-        // one chunk per rank in a distributed "fixed" run (DESIGN §5.1).
+        // one chunk per rank in a distributed "fixed" run (docs/design.md §5.1).
         std::optional<int> size;
         std::string sink = "bos";  // "bos", "none", or a literal token string
         int size_or_default() const { return size ? *size : k_default_chunk_size; }
@@ -79,13 +79,13 @@ struct Config {
     struct MethodSection {
         Method name = Method::infoflow;
         double ratio = 0.15;   // recompute fraction of T, in [0, 1]
-        bool reorder = false;  // DESIGN §3.7
+        bool reorder = false;  // docs/design.md §3.7
     };
     struct ScoringSection {
         Query query = Query::question;
         Aggregate aggregate = Aggregate::norm;
         Layout layout = Layout::global;
-        std::vector<int> layers;  // empty = the model rule of DESIGN §3.3 (resolve_scoring_layers)
+        std::vector<int> layers;  // empty = the model rule of docs/design.md §3.3 (resolve_scoring_layers)
         Softmax softmax = Softmax::global;
         int block = 512;  // row/column block of the scoring pass, > 0
     };
@@ -142,7 +142,7 @@ struct Config {
         double link_alpha_us = 10.0;   // alpha-beta model of a link (comm/comm_model.h)
         double link_beta_gbs = 370.0;  // GB/s per direction
     };
-    // The document KV store (DESIGN §8; layout in docs/store.md). Replaces the former [cache]
+    // The document KV store (docs/design.md §8; layout in docs/store.md). Replaces the former [cache]
     // section (cache.path, cache.build_from), which is no longer accepted.
     struct StoreSection {
         std::string path;  // HDF5 index file; empty = no store
@@ -245,7 +245,7 @@ struct ConfigKeyInfo {
 // Every key in config_keys() order.
 std::vector<ConfigKeyInfo> config_key_info();
 
-// Scoring layers for a model of `n_layer` layers (DESIGN §3.3): `layers` when non-empty (each
+// Scoring layers for a model of `n_layer` layers (docs/design.md §3.3): `layers` when non-empty (each
 // must be < n_layer, else an error naming scoring.layers); otherwise [22, 23, 24, 25] when
 // n_layer >= 26, else the four layers ending at round(0.8 * n_layer), clamped to the model.
 std::vector<int> resolve_scoring_layers(const std::vector<int>& layers, int n_layer);

@@ -1,6 +1,6 @@
 // Small file utilities shared by the loaders and writers: whole-file reads whose errors name the
 // path, atomic writes (temp file in the same directory + fsync + rename, so a crash or an error
-// never leaves a half-written target, DESIGN §8), and the FNV-1a hash used for config and cache
+// never leaves a half-written target, docs/design.md §8), and the FNV-1a hash used for config and cache
 // fingerprints. Not a general filesystem layer: no directory walking, no locking.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Chat prompts as token segments (FORMATS §7.5, §8.2; DESIGN §2): ChatML (SmolLM2 with its
+// Chat prompts as token segments (docs/formats.md §7.5, §8.2; docs/design.md §2): ChatML (SmolLM2 with its
 // default system prompt, Qwen), Llama-3 (3.1's dated system preamble when the template has it)
 // and raw. Control tokens are inserted as ids; message text is tokenized without special
 // parsing, so "<|im_end|>" typed by a user stays plain text. Not a Jinja engine: the format is

@@ -1,5 +1,5 @@
 // ggml block formats: geometry table, row dequantizers and reference quantizers, written from
-// FORMATS §3 (ggml `src/ggml-common.h`, `src/ggml-quants.c`). Multiplication order follows ggml
+// docs/formats.md §3 (ggml `src/ggml-common.h`, `src/ggml-quants.c`). Multiplication order follows ggml
 // so results are bit-exact with it.
 #include "runtime/formats/dequant.h"
 

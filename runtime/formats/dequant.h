@@ -1,4 +1,4 @@
-// ggml block formats (FORMATS §2.3, §3): block sizes, dequantization of a row to fp32, and the
+// ggml block formats (docs/formats.md §2.3, §3): block sizes, dequantization of a row to fp32, and the
 // reference quantizers (ggml `quantize_row_*_ref`) used by tests and the GGUF writer.
 // Plain scalar loops; every field is read with memcpy (blocks are packed, unaligned structs).
 #pragma once

@@ -1,4 +1,4 @@
-// GGUF v2/v3 reader (FORMATS §2). The whole file is memory-mapped; the header is parsed with a
+// GGUF v2/v3 reader (docs/formats.md §2). The whole file is memory-mapped; the header is parsed with a
 // bounds-checked cursor, so a truncated or corrupted file is an error naming the file and the
 // key or tensor at fault, never a crash.
 #include "runtime/formats/gguf.h"

@@ -1,4 +1,4 @@
-// GGUF v2/v3 reader (FORMATS §2): memory-mapped, every offset and size bounds-checked against
+// GGUF v2/v3 reader (docs/formats.md §2): memory-mapped, every offset and size bounds-checked against
 // the file; errors name the file and the key or tensor at fault. Read-only.
 #pragma once
 
@@ -36,7 +36,7 @@ enum class GgmlType : uint32_t {
 
 const char* ggml_type_name(uint32_t type);
 
-// GGUF metadata value type ids (FORMATS §2.1), shared by the reader and the writer.
+// GGUF metadata value type ids (docs/formats.md §2.1), shared by the reader and the writer.
 namespace gguf_value {
 enum : uint32_t {
     kU8 = 0,

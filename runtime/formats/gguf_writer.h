@@ -1,4 +1,4 @@
-// Small GGUF v3 writer (FORMATS §2): metadata of every value type (nested arrays included) and
+// Small GGUF v3 writer (docs/formats.md §2): metadata of every value type (nested arrays included) and
 // tensors encoded from fp32 (F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1) or given as raw bytes.
 // Everything is held in memory and written atomically (temp file + rename). Used by tests to
 // build fixtures and by tools that save models.

@@ -1,4 +1,4 @@
-// safetensors reader: mmap + validated JSON header (FORMATS §6). Tensor bytes are read with
+// safetensors reader: mmap + validated JSON header (docs/formats.md §6). Tensor bytes are read with
 // memcpy since the buffer gives no alignment guarantee.
 #include "runtime/formats/safetensors.h"
 

@@ -1,4 +1,4 @@
-// safetensors reader (FORMATS §6): one memory-mapped file, or a Hugging Face directory holding
+// safetensors reader (docs/formats.md §6): one memory-mapped file, or a Hugging Face directory holding
 // model.safetensors or shards listed by model.safetensors.index.json. The header is validated
 // once (length cap, dtypes, shapes, offsets tiling the buffer); errors name the file and tensor.
 #pragma once

@@ -1,4 +1,4 @@
-// Small safetensors writer (FORMATS §6): tensors from fp32 stored as F32/F16/BF16, or raw bytes
+// Small safetensors writer (docs/formats.md §6): tensors from fp32 stored as F32/F16/BF16, or raw bytes
 // of any dtype; header padded with spaces to a multiple of 8; written atomically.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Byte-level BPE (FORMATS §7): vocabulary loading from GGUF / tokenizer.json, literal matching of
+// Byte-level BPE (docs/formats.md §7): vocabulary loading from GGUF / tokenizer.json, literal matching of
 // added tokens, NFC (qwen2), PCRE2 pre-tokenization, the GPT-2 byte map, the rank-ordered merge
 // loop with a per-piece cache, and decoding. The split of text around special tokens and the
 // pre-tokenizer regexes follow llama.cpp (src/llama-vocab.cpp, src/unicode.cpp).
@@ -30,7 +30,7 @@ namespace {
 
 using json = nlohmann::json;
 
-// ---- pre-tokenizer patterns (FORMATS §7.3) ----------------------------------------------------
+// ---- pre-tokenizer patterns (docs/formats.md §7.3) ----------------------------------------------------
 
 const char* const k_re_digit = R"(\p{N})";
 const char* const k_re_gpt2 =
@@ -131,7 +131,7 @@ struct Span {
     size_t len;
 };
 
-// ---- GPT-2 byte map (FORMATS §7.2) -------------------------------------------------------------
+// ---- GPT-2 byte map (docs/formats.md §7.2) -------------------------------------------------------------
 
 void append_utf8(std::string& out, uint32_t cp) {
     if (cp < 0x80) {
@@ -474,7 +474,7 @@ void Tokenizer::Impl::split(const char* text, size_t n, std::vector<Span>& out) 
     out.insert(out.end(), cur.begin(), cur.end());
 }
 
-// Merge loop (FORMATS §7.4): lowest rank first, leftmost on ties; stale queue entries are
+// Merge loop (docs/formats.md §7.4): lowest rank first, leftmost on ties; stale queue entries are
 // recognized by the symbol ids they were made from.
 void Tokenizer::Impl::bpe(const char* p, size_t n, std::vector<int32_t>& out) const {
     const ByteMap& bm = byte_map();

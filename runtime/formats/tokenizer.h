@@ -1,4 +1,4 @@
-// Byte-level BPE tokenizer (FORMATS §7) built from GGUF metadata (`tokenizer.ggml.*`) or from a
+// Byte-level BPE tokenizer (docs/formats.md §7) built from GGUF metadata (`tokenizer.ggml.*`) or from a
 // Hugging Face tokenizer.json (+ tokenizer_config.json). Pre-tokenizers `gpt2`, `smollm`,
 // `llama-bpe` (aliases `llama3`, `llama-v3`) and `qwen2` run on PCRE2 (UTF + UCP); `qwen2` NFC-
 // normalizes with utf8proc. Encoding matches llama.cpp's `llama_tokenize(add_special = false)`.

@@ -1,5 +1,5 @@
 // job = "answer": one request through one method; prints the answer, per-phase times and the
-// selected fraction; returns the DESIGN §9 JSON.
+// selected fraction; returns the docs/design.md §9 JSON.
 #include <cctype>
 #include <cmath>
 #include <cstdio>

@@ -1,4 +1,4 @@
-// job = "bench-ttft" (DESIGN §10): time to first token for each context length and method on
+// job = "bench-ttft" (docs/design.md §10): time to first token for each context length and method on
 // the job's ranks, in the layout of the paper's Table 5: single-rank full prefill (rank 0 alone,
 // the other ranks idle), ring attention (zigzag and contiguous p2p; plus the all-gather variant
 // when ring.exchange = "allgather"), InfoFlow ("kv" and
@@ -44,7 +44,7 @@ PreparedRequest synthetic_request(int tokens, int n_vocab, const Config& cfg, in
     const int ctx = std::max(1, tokens - prefix - suffix);
     int size;
     if (cfg.chunking.mode == Config::ChunkMode::fixed && !cfg.chunking.size) {
-        size = (ctx + ranks - 1) / ranks;  // one chunk per rank (DESIGN §5.1)
+        size = (ctx + ranks - 1) / ranks;  // one chunk per rank (docs/design.md §5.1)
     } else {
         size = cfg.chunking.size_or_default();
     }

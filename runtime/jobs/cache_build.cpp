@@ -1,4 +1,4 @@
-// job = "cache-build" (DESIGN §8): prefills every document once (§3.1: [sink] + document, the
+// job = "cache-build" (docs/design.md §8): prefills every document once (§3.1: [sink] + document, the
 // sink's K/V dropped, keys post-RoPE at local positions) and writes it into the KV store at
 // store.path. Documents come from request.documents, request.documents_file (.jsonl / .txt) or
 // a folder (request.documents_file = "DIR/"); they are cut into chunks exactly as a query

@@ -1,4 +1,4 @@
-// Jobs (DESIGN §9): each reads the effective config, runs, prints a human summary on rank 0 and
+// Jobs (docs/design.md §9): each reads the effective config, runs, prints a human summary on rank 0 and
 // returns its machine-readable result.
 #pragma once
 
@@ -28,7 +28,7 @@ nlohmann::json run_cache_build(const Config& cfg, Session& s);
 // True when `answer` contains the non-empty `reference`, ignoring case (request.reference).
 bool answer_matches(const std::string& answer, const std::string& reference);
 
-// The JSON form of one method run (DESIGN §9, job "answer").
+// The JSON form of one method run (docs/design.md §9, job "answer").
 nlohmann::json method_result_json(const MethodResult& r, const Session& s, const Config& cfg,
                                   int ranks);
 

@@ -1,4 +1,4 @@
-// job = "niah": passkey-style needle in a haystack (DESIGN §9). For every length × depth the
+// job = "niah": passkey-style needle in a haystack (docs/design.md §9). For every length × depth the
 // haystack (haystack.h) becomes one request; `full` runs first as the reference, then every
 // method variant (job_report.h) on the same tokens. A row per length × depth × variant records
 // correctness (the answer contains niah.answer), first-token top-1 agreement and KL against

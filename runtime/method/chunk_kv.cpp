@@ -40,7 +40,7 @@ std::vector<ChunkKv> prefill_chunks(Model& model, const std::vector<std::vector<
                                     int32_t sink_id) {
     // One pass per chunk, never several chunks in one GEMM: a GEMM's rounding depends on where
     // a row sits in it, so packed chunks would differ (in the last bits) from chunks prefilled
-    // alone — which is what the KV store holds (DESIGN §8: a cached run equals a fresh run).
+    // alone — which is what the KV store holds (docs/design.md §8: a cached run equals a fresh run).
     std::vector<ChunkKv> out;
     out.reserve(chunks.size());
     for (const auto& ch : chunks) out.push_back(prefill_chunk(model, ch, sink_id));

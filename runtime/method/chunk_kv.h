@@ -1,4 +1,4 @@
-// Chunk prefill (DESIGN §3.1) and global position reconstruction (§3.2). A chunk is prefilled
+// Chunk prefill (docs/design.md §3.1) and global position reconstruction (§3.2). A chunk is prefilled
 // on its own as [sink] + chunk with causal attention inside that sequence; the sink's K/V are
 // dropped. Its keys are kept post-RoPE at their local positions; `assemble_cache` places the
 // chunks in a cache in a given order and rotates each key by delta = target - local position

@@ -1,4 +1,4 @@
-// Phase 1 with the document KV store (DESIGN §5.2 phase 1, §8): a request's context chunks
+// Phase 1 with the document KV store (docs/design.md §5.2 phase 1, §8): a request's context chunks
 // are loaded from the store (store.path) where present and prefilled (§3.1) otherwise; with
 // store.mode = "read-write" the prefilled ones are added afterwards. Loaded chunks are the
 // ChunkKv the prefill would give (keys post-RoPE at local positions), so re-positioning

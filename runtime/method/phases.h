@@ -1,6 +1,6 @@
-// The parts of the method's phases (DESIGN §3, §5.2) that the single-rank pipeline and the
+// The parts of the method's phases (docs/design.md §3, §5.2) that the single-rank pipeline and the
 // distributed one share: the request's checks and result, the chunk prefill of phase 1 (or the
-// load of its chunks from the KV store, DESIGN §8), what phase 2 selects with, and the answer of
+// load of its chunks from the KV store, docs/design.md §8), what phase 2 selects with, and the answer of
 // phase 4 on one cache. What differs between the two pipelines stays in their own files.
 #pragma once
 

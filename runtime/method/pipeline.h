@@ -1,4 +1,4 @@
-// One request through one method on one rank (DESIGN §3, §4): `full`, `none`, `infoflow` (with
+// One request through one method on one rank (docs/design.md §3, §4): `full`, `none`, `infoflow` (with
 // optional reorder), `cacheblend`, `epic`. Every distributed mode is defined by, and tested
 // against, these single-rank semantics.
 #pragma once
@@ -16,7 +16,7 @@ namespace infoflow {
 struct PhaseTime {
     std::string name;
     double ms = 0.0;
-    uint64_t bytes_sent = 0;  // this rank's communication in the phase (DESIGN §5.5)
+    uint64_t bytes_sent = 0;  // this rank's communication in the phase (docs/design.md §5.5)
     uint64_t bytes_recv = 0;
     double wait_ms = 0.0;
 };
@@ -33,7 +33,7 @@ struct MethodResult {
     double ttft_ms = 0.0;           // request to first-token logits
     std::vector<PhaseTime> phases;  // this rank's phases
     int ranks = 1;
-    // Phase 1 with the KV store (DESIGN §8), summed over ranks: context chunks and tokens loaded
+    // Phase 1 with the KV store (docs/design.md §8), summed over ranks: context chunks and tokens loaded
     // from store.path, document bytes read, chunks added (store.mode = "read-write").
     int store_chunks = 0;
     int store_tokens = 0;

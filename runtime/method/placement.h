@@ -1,4 +1,4 @@
-// Placement of context chunks on ranks (DESIGN §5.1): contiguous, token-balanced shards; shards
+// Placement of context chunks on ranks (docs/design.md §5.1): contiguous, token-balanced shards; shards
 // are assigned from the tail, so rank 0 (the decode rank) holds the shard next to the suffix.
 // Chunk 0 and the suffix are replicated on every rank.
 #pragma once

@@ -1,4 +1,4 @@
-// Selective recompute (DESIGN §3.5): the selected tokens run through the layers; at each layer
+// Selective recompute (docs/design.md §3.5): the selected tokens run through the layers; at each layer
 // their new K/V are written into their cache slots first, then they attend over the whole cache
 // with the exact mask key_pos <= query_pos. Unselected slots keep their chunk-local K/V.
 #pragma once

@@ -1,4 +1,4 @@
-// A request tokenized into the parts of DESIGN §2: chunk 0 (chat header, system prompt and the
+// A request tokenized into the parts of docs/design.md §2: chunk 0 (chat header, system prompt and the
 // instruction's opening, always exact), context chunks 1..K (one per document, or fixed-size
 // token chunks), and the suffix (instruction + question + assistant header). Every method runs
 // on the same tokens, so `full` and the approximations are compared on one sequence.

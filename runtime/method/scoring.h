@@ -1,4 +1,4 @@
-// The InfoFlow attention-norm criterion (DESIGN §3.3): scoring rows (question or suffix tokens)
+// The InfoFlow attention-norm criterion (docs/design.md §3.3): scoring rows (question or suffix tokens)
 // run through layers 0..max(scoring layers) over the assembled, not-yet-recomputed context with
 // keys at the positions of a layout; at each scoring layer the rows' attention probabilities
 // over context columns are aggregated per column ("norm": sqrt of the sum over rows of the

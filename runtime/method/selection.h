@@ -1,4 +1,4 @@
-// Which context tokens are recomputed (DESIGN §3.4, §3.7, §4): top-k by score with ties to the
+// Which context tokens are recomputed (docs/design.md §3.4, §3.7, §4): top-k by score with ties to the
 // lower position, EPIC's per-chunk leading tokens, and the reorder of chunks by informativeness.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Answer generation after a prefill (DESIGN §3.6): sample from the last logits, then decode one
+// Answer generation after a prefill (docs/design.md §3.6): sample from the last logits, then decode one
 // token at a time over the cache until a stop token or the token budget.
 #pragma once
 
@@ -14,7 +14,7 @@ struct GenerateOptions {
     int max_new_tokens = 32;
     std::vector<int32_t> stop_ids;
     SamplingParams sampling;
-    int32_t group = -1;  // visibility group of decode rows (DESIGN §5.2); -1 = none
+    int32_t group = -1;  // visibility group of decode rows (docs/design.md §5.2); -1 = none
 };
 
 struct GenerateResult {

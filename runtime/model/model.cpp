@@ -163,7 +163,7 @@ void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const
     const ModelConfig& c = config();
     ensure_scratch(n);
     layer_qkv(l, hidden, n, pos, s_.q.data(), s_.k.data(), s_.v.data());
-    // New K/V go into the cache before attention (DESIGN §3.5).
+    // New K/V go into the cache before attention (docs/design.md §3.5).
     cache.write_rows(l, slots, s_.k.data(), s_.v.data(), n);
     const float* ck = cache.k(l);
     const float* cv = cache.v(l);

@@ -1,6 +1,6 @@
 // The transformer forward pass on a Backend, exposed per layer so that the method code can run
 // chunk prefill, selective recompute (new K/V written into existing cache slots), scoring
-// passes with early exit, and decode steps with the same code (DESIGN §3).
+// passes with early exit, and decode steps with the same code (docs/design.md §3).
 #pragma once
 
 #include <cstdint>
@@ -56,7 +56,7 @@ class Model {
                   float* v_out /*[n, n_head_kv*head_dim]*/);
 
     // The two halves of `layer_forward`, for callers that compute attention themselves
-    // (distributed attention, DESIGN §5): layer_qkv = RMSNorm, projections (+ q/k norm), RoPE at
+    // (distributed attention, docs/design.md §5): layer_qkv = RMSNorm, projections (+ q/k norm), RoPE at
     // `pos`; layer_post = hidden += attn Wo^T, then hidden += MLP(RMSNorm(hidden)).
     void layer_qkv(int l, const float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,
                    float* q_out /*[n, n_head*head_dim]*/, float* k_out /*[n, n_head_kv*head_dim]*/,
@@ -67,7 +67,7 @@ class Model {
     // Final RMSNorm and LM head: out = logits of each row.
     void logits(const float* hidden /*[n, n_embd]*/, int n, float* out /*[n, n_vocab]*/);
 
-    // Rotates keys by per-token deltas (global - local position), DESIGN §3.2.
+    // Rotates keys by per-token deltas (global - local position), docs/design.md §3.2.
     void rerotate_keys(float* k /*[n, n_head_kv, head_dim]*/, int n, const int32_t* delta /*[n]*/);
 
     // Convenience: appends `tokens` at `pos` (groups optional) to the cache, runs all layers, and

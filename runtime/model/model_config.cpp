@@ -1,5 +1,5 @@
 // ModelConfig: architecture names, consistency checks, and the RoPE inverse frequencies
-// (FORMATS §4.5), computed in fp32 the way transformers does so HF and our logits agree.
+// (docs/formats.md §4.5), computed in fp32 the way transformers does so HF and our logits agree.
 #include "runtime/model/model_config.h"
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Model hyper-parameters, independent of the file format they were read from (DESIGN §7).
+// Model hyper-parameters, independent of the file format they were read from (docs/design.md §7).
 #pragma once
 
 #include <string>
@@ -33,7 +33,7 @@ struct ModelConfig {
     float rms_eps = 1e-5f;
     float rope_theta = 10000.0f;
     RopeScaling rope_scaling;
-    // GGUF `rope_freqs.weight` [head_dim/2] (Llama-3.1 in llama.cpp files, FORMATS §4.5): when
+    // GGUF `rope_freqs.weight` [head_dim/2] (Llama-3.1 in llama.cpp files, docs/formats.md §4.5): when
     // non-empty it replaces rope_scaling and inv_freq[i] = base^(-2i/D) / rope_freq_factors[i].
     std::vector<float> rope_freq_factors;
     bool tied_embeddings = true;

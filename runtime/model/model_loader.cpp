@@ -419,7 +419,7 @@ ModelConfig config_from_hf(const std::string& path, const SafetensorsModel& st) 
         e.shape.size() == 2 && e.shape[1] == c.n_embd && e.shape[0] >= 1 && e.shape[0] <= (1 << 24),
         st.file_of(embd).path() << ": tensor '" << embd << "' has shape " << shape_str(e.shape)
                                 << ", expected [n_vocab, " << c.n_embd << "]");
-    c.n_vocab = int(e.shape[0]);  // the embedding sizes the logits (FORMATS §5.3)
+    c.n_vocab = int(e.shape[0]);  // the embedding sizes the logits (docs/formats.md §5.3)
     c.has_qkv_bias = st.has("model.layers.0.self_attn.q_proj.bias");
     c.has_qk_norm = st.has("model.layers.0.self_attn.q_norm.weight");
     IF_CHECK(c.arch != Arch::qwen3 || c.has_qk_norm,
@@ -879,7 +879,7 @@ GgufWriter model_gguf_writer(const ModelWeights& w, uint32_t type) {
     }
     std::vector<float> freqs = c.rope_freq_factors;
     if (freqs.empty() && c.rope_scaling.type == "llama3") {
-        // FORMATS §4.5, the rope_freqs.weight column.
+        // docs/formats.md §4.5, the rope_freqs.weight column.
         const RopeScaling& r = c.rope_scaling;
         const double L = r.original_context;
         for (int i = 0; i < c.head_dim / 2; ++i) {

@@ -1,4 +1,4 @@
-// Model loading (DESIGN §7, FORMATS §2, §4, §5): a GGUF file, a Hugging Face directory
+// Model loading (docs/design.md §7, docs/formats.md §2, §4, §5): a GGUF file, a Hugging Face directory
 // (config.json + model.safetensors or shards), or a synthetic "random:<shape>[:seed]" model,
 // always to fp32 weights in PyTorch layout with Q/K rows in HF half-split order. Also the
 // reverse direction (save a model as GGUF or as an HF directory) for tests and tools.
@@ -16,14 +16,14 @@
 namespace infoflow {
 
 struct LoadOptions {
-    // Undo the llama GGUF Q/K row permutation (FORMATS §4.2). Tests turn it off as a negative
+    // Undo the llama GGUF Q/K row permutation (docs/formats.md §4.2). Tests turn it off as a negative
     // control; nothing else should.
     bool unpermute_qk = true;
     // random: models only: return the config and seed without tensor data
     // (make_generated_weights); the backend generates each tensor where it is used.
     bool generate_on_backend = false;
     // Reject NaN/Inf in any loaded tensor of a file, naming the file, the tensor and the first
-    // bad element (DESIGN §11; config model.check_finite). Synthetic models are always finite.
+    // bad element (docs/design.md §11; config model.check_finite). Synthetic models are always finite.
     bool check_finite = true;
 };
 
@@ -44,7 +44,7 @@ ModelConfig parse_hf_config_json(const std::string& text, const std::string& sou
 // Synthetic models. Shapes: "tiny" (llama: 2 layers, n_embd 64, 4 heads, 2 kv heads,
 // head_dim 16, n_ff 128, vocab 512, 1024 positions, tied), "tiny-qwen2" (tiny + q/k/v biases),
 // "tiny-qwen3" (tiny + q/k norm, head_dim 32 != n_embd/n_head), "smollm2-135m",
-// "llama-3.1-8b", "qwen3-14b" (FORMATS §5, §8.1). Default seed 1234.
+// "llama-3.1-8b", "qwen3-14b" (docs/formats.md §5, §8.1). Default seed 1234.
 std::vector<std::string> random_model_shapes();
 ModelConfig random_model_config(const std::string& shape);
 // Seeded, deterministic: matrices and biases ~ approximately normal (Irwin-Hall of 4 uniforms)

@@ -1,7 +1,7 @@
 // Model weights on the host in fp32 (a device backend converts them once, when `Model` is
 // built: bf16 matrices on the GPU), PyTorch layout: a matrix is [out, in] row-major. Q/K rows
 // are in Hugging Face half-split order for every source format (llama GGUF files are
-// un-permuted at load, FORMATS §4), so one RoPE kernel serves all.
+// un-permuted at load, docs/formats.md §4), so one RoPE kernel serves all.
 #pragma once
 
 #include <cstdint>

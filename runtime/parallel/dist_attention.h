@@ -1,4 +1,4 @@
-// Attention whose keys are spread over ranks (DESIGN §5.2, §5.3): partial (out, lse) states over
+// Attention whose keys are spread over ranks (docs/design.md §5.2, §5.3): partial (out, lse) states over
 // each rank's local keys, merged with the overflow-free LSE merge in rank order, so every rank
 // computes bit-identical results regardless of message timing.
 #pragma once

@@ -1,4 +1,4 @@
-// Emulated ranks with timing (bench-ttft with bench.emulate_timing, DESIGN §10): one request run
+// Emulated ranks with timing (bench-ttft with bench.emulate_timing, docs/design.md §10): one request run
 // by P virtual ranks in one process, each a thread running the real distributed code (the
 // sequence-parallel pipeline or ring attention, through run_request) over a ThreadComm, taking
 // turns on the one device (comm/thread_comm.h). The results are those of a real P-rank run (same

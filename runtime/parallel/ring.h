@@ -1,4 +1,4 @@
-// Ring attention (DESIGN §5.4): exact causal prefill of the whole sequence (context + suffix)
+// Ring attention (docs/design.md §5.4): exact causal prefill of the whole sequence (context + suffix)
 // over P ranks. Each rank holds a shard of the sequence ("zigzag": 2P blocks, rank r holds
 // blocks r and 2P-1-r; "contiguous": rank r holds block P-1-r, so rank 0 always holds the last
 // position); per layer the K/V blocks travel P-1 steps around the ring with non-blocking

@@ -1,4 +1,4 @@
-// Phase 4 of the sequence-parallel method (DESIGN §5.2): the answer. "kv": rank 0's cache holds
+// Phase 4 of the sequence-parallel method (docs/design.md §5.2): the answer. "kv": rank 0's cache holds
 // chunk 0, its shard and all of S, so it prefills the suffix and decodes alone (the single-rank
 // steps). "exact": suffix and decode run SPMD, every rank attending the replicated rows over its
 // local keys, partial states merged (forward_replicated); rank 0 samples and broadcasts.

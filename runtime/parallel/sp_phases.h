@@ -1,4 +1,4 @@
-// The phases of the sequence-parallel method (DESIGN §5.2), one function each, called in order
+// The phases of the sequence-parallel method (docs/design.md §5.2), one function each, called in order
 // by `run_method_sp` (sp_pipeline.cpp), which alone keeps the phase clock and the byte
 // accounting. Each phase runs on every rank (SPMD); its messages are its own.
 //   1. shard_prefill     (sp_prefill.cpp)   no messages

@@ -1,4 +1,4 @@
-// The driver of the sequence-parallel method: the phases of DESIGN §5.2 in order (sp_phases.h),
+// The driver of the sequence-parallel method: the phases of docs/design.md §5.2 in order (sp_phases.h),
 // timed and their communication counted here alone.
 #include "runtime/parallel/sp_pipeline.h"
 

@@ -1,4 +1,4 @@
-// The sequence-parallel method on P ranks (DESIGN §5.1-§5.3): shard prefill with no messages,
+// The sequence-parallel method on P ranks (docs/design.md §5.1-§5.3): shard prefill with no messages,
 // scoring with a globally merged (or local) softmax and one all-reduce of the per-token scores,
 // selective recompute with the selected tokens' K/V all-gathered per layer ("kv") or with
 // pass-Q partial attention ("exact"), and the answer on rank 0. The phases themselves are in
@@ -29,7 +29,7 @@ void forward_replicated(Model& model, Communicator& comm, KvCache& cache, int ke
                         const int32_t* row_slots /*[n] or nullptr*/, int n_layers,
                         const std::function<void(int, const float*, const float*)>& on_layer);
 
-// Distributed generation (DESIGN §5.2 "exact", §5.4): rank 0 samples from `first_logits` and
+// Distributed generation (docs/design.md §5.2 "exact", §5.4): rank 0 samples from `first_logits` and
 // broadcasts each token; the decode row attends over every rank's local cache (its K/V stored on
 // rank 0), partial states merged. Returns the tokens on every rank.
 std::vector<int32_t> generate_replicated(Model& model, Communicator& comm, KvCache& cache,

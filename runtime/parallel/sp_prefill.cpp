@@ -1,4 +1,4 @@
-// Phase 1 of the sequence-parallel method (DESIGN §5.1, §5.2): the rank's shard of chunks is
+// Phase 1 of the sequence-parallel method (docs/design.md §5.1, §5.2): the rank's shard of chunks is
 // prefilled (§3.1) and assembled at global positions; no messages.
 #include "runtime/method/phases.h"
 #include "runtime/method/scoring.h"

@@ -1,4 +1,4 @@
-// Phase 3 of the sequence-parallel method (DESIGN §5.2): selective recompute (§3.5) of S, each
+// Phase 3 of the sequence-parallel method (docs/design.md §5.2): selective recompute (§3.5) of S, each
 // rank running its own selected tokens through the layers, in one of two exchange modes:
 // "kv" all-gathers the selected tokens' new K/V per layer (|S|·2·H_kv·D elements in total), so
 // every rank's cache holds all of S; "exact" sends the selected queries instead (pass-Q) and

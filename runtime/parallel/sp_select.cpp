@@ -1,4 +1,4 @@
-// Phase 2 of the sequence-parallel method (DESIGN §5.2): scoring and selection, identical on
+// Phase 2 of the sequence-parallel method (docs/design.md §5.2): scoring and selection, identical on
 // every rank. InfoFlow: the replicated scoring rows run with a globally merged softmax (or each
 // rank's local one), each rank scores its own columns, one all-reduce of the per-token scores.
 // CacheBlend: layer 0 exact for every context token (pass-Q), each rank's layer-1 deviations,

@@ -1,5 +1,5 @@
 // The store's plain parts (names, identity, content keys) and its factory: the one place that
-// knows whether HDF5 was compiled in (STYLE §3).
+// knows whether HDF5 was compiled in (docs/style.md point 3).
 #include "runtime/store/kv_store.h"
 
 #include <cstdio>

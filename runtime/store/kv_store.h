@@ -1,4 +1,4 @@
-// The document KV store (DESIGN §8): each document's chunk prefill (§3.1) written once into HDF5
+// The document KV store (docs/design.md §8): each document's chunk prefill (§3.1) written once into HDF5
 // and loaded at query time instead of being prefilled again. This header is plain C++; the HDF5
 // code lives in kv_store_hdf5.cpp, compiled only when CMake found HDF5 (`open_kv_store` says
 // "not available in this build" otherwise). The layout is documented in docs/store.md:

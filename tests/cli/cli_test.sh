@@ -2,7 +2,7 @@
 # End-to-end checks of the infoflow_sp binary on the real model, run by CTest:
 #   cli_test.sh BIN MPIEXEC CASE
 # CASE: france     - one rank, method full: the answer to "What is the capital of France?"
-#                    names Paris; the JSON result has the DESIGN §9 fields
+#                    names Paris; the JSON result has the docs/design.md §9 fields
 #       demo2      - the demo config on 2 MPI ranks (InfoFlow, kv exchange) answers, with bytes
 #                    moved reported per rank
 #       configdiff - ranks started with different configs stop at start-up with an error

@@ -161,7 +161,7 @@ nlohmann::json every_key_json() {
 
 }  // namespace
 
-TEST_CASE("defaults follow DESIGN", "[cpu][config]") {
+TEST_CASE("defaults follow docs/design.md", "[cpu][config]") {
     const Config c;
     CHECK(c.job == C::Job::answer);
     CHECK(c.model.path == "models/SmolLM2-135M-Instruct.Q4_1.gguf");

@@ -1,4 +1,4 @@
-// Regression tests of the configuration's bad-input findings (DESIGN §11), each built from its
+// Regression tests of the configuration's bad-input findings (docs/design.md §11), each built from its
 // reproducer: invalid UTF-8 in a --set value used to pass the loader and surface later as a
 // JSON library error naming neither key nor file; invalid UTF-8 in a .txt documents file was
 // silently dropped by the tokenizer; an unwritable --out was found only after the run.

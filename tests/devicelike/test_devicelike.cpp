@@ -87,7 +87,7 @@ TEST_CASE("device-like backend: every method on one rank equals the CPU backend 
             check_same(run_method(dev, req, cfg, kNoStop), run_method(*tm.m, req, cfg, kNoStop));
         }
     }
-    // The single-rank run with the "kv" mask of 3 ranks (DESIGN §5.2).
+    // The single-rank run with the "kv" mask of 3 ranks (docs/design.md §5.2).
     Config emu = method_config(Config::Method::infoflow);
     emu.parallel.emulate_ranks = 3;
     check_same(run_method(dev, req, emu, kNoStop), run_method(*tm.m, req, emu, kNoStop));

@@ -1,4 +1,4 @@
-// Chat template tests: SmolLM2 ChatML rendered byte for byte as FORMATS §8.2, the segment
+// Chat template tests: SmolLM2 ChatML rendered byte for byte as docs/formats.md §8.2, the segment
 // builders equal the whole-conversation render, no control-token injection from user text,
 // overrides, default-system extraction, and Llama-3 on a synthetic vocabulary.
 #include <algorithm>
@@ -55,7 +55,7 @@ TEST_CASE("SmolLM2 template is detected as ChatML with its default system prompt
     CHECK(ct.end_of_turn_id() == 2);
 }
 
-TEST_CASE("SmolLM2 one-message render matches FORMATS 8.2 byte for byte", "[chat]") {
+TEST_CASE("SmolLM2 one-message render matches docs/formats.md 8.2 byte for byte", "[chat]") {
     ChatTemplate ct(smollm2());
     const std::string msg = "What is the capital of France?";
     const std::string want =
@@ -83,7 +83,7 @@ TEST_CASE("Segments concatenate to the rendered conversation", "[chat]") {
         CHECK(ct.render({{"system", "Be brief."}, {"user", msg}}) ==
               cat({ct.prefix("Be brief."), ct.text(msg), ct.suffix_close()}));
     }
-    // The documents-then-question split of DESIGN §2: pieces of user text can be tokenized
+    // The documents-then-question split of docs/design.md §2: pieces of user text can be tokenized
     // separately and still decode to the same prompt.
     auto prefix = ct.prefix();
     CHECK(smollm2().decode(prefix, false) == std::string("<|im_start|>system\n") +

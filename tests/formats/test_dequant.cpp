@@ -1,4 +1,4 @@
-// Dequantization and reference quantizers (FORMATS §3): hand-built blocks whose element k
+// Dequantization and reference quantizers (docs/formats.md §3): hand-built blocks whose element k
 // encodes a known value (nibble placement), a hand-built Q6_K block, and quantize/dequantize
 // round trips checked byte-for-byte against an independent scalar implementation below.
 #include <catch2/catch.hpp>
@@ -29,7 +29,7 @@ std::vector<float> deq(GgmlType t, const std::vector<uint8_t>& b, int64_t n) {
     return y;
 }
 
-// ---- independent scalar implementation, written from FORMATS §3.3 element by element ------
+// ---- independent scalar implementation, written from docs/formats.md §3.3 element by element ------
 // Element k of a 32-block lives in byte k % 16 of qs, low nibble when k < 16, high otherwise.
 
 void set_nibble(uint8_t* qs, int k, int q) {
@@ -237,7 +237,7 @@ TEST_CASE("Q8_0: element k", "[dequant]") {
 }
 
 TEST_CASE("Q6_K: hand-built block", "[dequant]") {
-    // Pack q6[y] = (7 * y + 3) % 64 following FORMATS §3.2's table; scales 1..16 with two
+    // Pack q6[y] = (7 * y + 3) % 64 following docs/formats.md §3.2's table; scales 1..16 with two
     // negatives; d = 0.5.
     std::vector<int> q6(256);
     for (int i = 0; i < 256; ++i) q6[i] = (7 * i + 3) % 64;

@@ -1,6 +1,6 @@
 // GGUF reader and writer: a tiny file with every metadata type and tensor type read back,
 // corrupted header fields, every truncation, seeded mutation fuzzing (must throw
-// infoflow::Error, never crash), and the real SmolLM2 file against FORMATS §8.3.
+// infoflow::Error, never crash), and the real SmolLM2 file against docs/formats.md §8.3.
 #include <stdlib.h>
 #include <unistd.h>
 

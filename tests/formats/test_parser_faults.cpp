@@ -1,4 +1,4 @@
-// Regression tests of the parser findings (DESIGN §11), each built from its reproducer: a
+// Regression tests of the parser findings (docs/design.md §11), each built from its reproducer: a
 // tokenizer.json token id used to size an allocation (id 4e9: bare std::bad_alloc; id 5e7: minutes
 // of allocating); a field of the wrong JSON type escaped as a JSON library exception naming
 // neither the file nor the key; empty tensors passed null pointers to memcpy (undefined

@@ -1,4 +1,4 @@
-// safetensors reader and writer (FORMATS §6): round trip of F32/F16/BF16 (+ raw dtypes, 0-rank
+// safetensors reader and writer (docs/formats.md §6): round trip of F32/F16/BF16 (+ raw dtypes, 0-rank
 // and empty tensors), header validation with named errors, every truncation, seeded mutation
 // fuzzing, and sharded directories with model.safetensors.index.json.
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 // Tokenizer tests: agreement with llama.cpp on the real SmolLM2 GGUF (fixture from
-// tests/fixtures/gen_oracle.py), FORMATS §8.5 vectors, special-token parsing, round trips,
+// tests/fixtures/gen_oracle.py), docs/formats.md §8.5 vectors, special-token parsing, round trips,
 // streaming decode, the tokenizer.json reader (both merge encodings, bad files) and the
 // llama-bpe / qwen2 pre-tokenizers on a synthetic byte-level vocabulary.
 #include <catch2/catch.hpp>
@@ -195,7 +195,7 @@ json hf_json_from_gguf(const GgufFile& f, bool pair_merges) {
               {"merges", jm}}}};
 }
 
-// GPT-2 byte map (FORMATS §7.2), written independently of the tokenizer's own.
+// GPT-2 byte map (docs/formats.md §7.2), written independently of the tokenizer's own.
 std::string mapped_byte(int b) {
     static std::vector<std::string> table = [] {
         std::vector<std::string> t(256);
@@ -292,7 +292,7 @@ TEST_CASE("SmolLM2 GGUF tokenizer metadata", "[tokenizer]") {
     CHECK_THROWS_AS(tok.decode({-1}), Error);
 }
 
-TEST_CASE("FORMATS 8.5 vectors, confirmed against the vocabulary", "[tokenizer]") {
+TEST_CASE("docs/formats.md 8.5 vectors, confirmed against the vocabulary", "[tokenizer]") {
     const Tokenizer& tok = smollm2();
     // The vocabulary itself says what the ids are.
     CHECK(tok.token_text(19556) == "Hello");

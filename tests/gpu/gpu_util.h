@@ -1,5 +1,5 @@
 // Helpers of the GPU tests: host vectors to and from a backend, seeded inputs, and the error
-// measure the tolerances are stated in (DESIGN §6).
+// measure the tolerances are stated in (docs/design.md §6).
 #pragma once
 
 #include <algorithm>
@@ -17,7 +17,7 @@
 namespace infoflow::gpu_test {
 
 // Tolerances, as max |a - b| / max |b| over a tensor: fp32 kernels against the fp32 CPU
-// backend, and anything that passes through bf16 weights or activations (DESIGN §6).
+// backend, and anything that passes through bf16 weights or activations (docs/design.md §6).
 constexpr double kTolFp32 = 1e-4;
 constexpr double kTolBf16 = 2e-2;
 

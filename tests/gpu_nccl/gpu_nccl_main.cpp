@@ -1,7 +1,7 @@
 // Main of the NCCL GPU tests (label gpu). Exits 77 (CTest SKIP_RETURN_CODE) where no CUDA
 // device is visible or where fewer GPUs than ranks are (ranks of one communicator never share a
-// GPU, FORMATS §9.2). One NcclComm serves every test case (NCCL start-up is slow); its ranks'
-// results are combined with MAX so every rank exits alike (FORMATS §11.3). Built with or without
+// GPU, docs/formats.md §9.2). One NcclComm serves every test case (NCCL start-up is slow); its ranks'
+// results are combined with MAX so every rank exits alike (docs/formats.md §11.3). Built with or without
 // MPI: without, it runs one rank over SelfComm (the GPU machine has no MPI library).
 //   tests_gpu_nccl [catch options]   the op tests
 //   tests_gpu_nccl --watchdog-child  a collective stuck behind a 5 s host function on a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Watchdog test (DESIGN §11, label gpu): a collective that cannot complete must end the job at
+# Watchdog test (docs/design.md §11, label gpu): a collective that cannot complete must end the job at
 # the deadline with a rank-tagged message, not hang. The child (tests_gpu_nccl --watchdog-child)
 # blocks its stream with a 5 s host function and calls all_reduce with a 1 s deadline; it must
 # exit non-zero, within 4.5 s, naming the operation, the phase and the deadline. Exit 77 (skip)

@@ -2,7 +2,7 @@
 // device buffers against the values every rank can compute for itself, the byte accounting of
 // comm/communicator.h checked exactly per phase, the host-buffer route (through the host
 // channel, after the stream), the mixed-buffer error and the pointer classification of real
-// device, managed and pinned memory. Deadlock rule (FORMATS §11.3): every rank runs every
+// device, managed and pinned memory. Deadlock rule (docs/formats.md §11.3): every rank runs every
 // collective of a case; only CHECK after communication.
 #include <algorithm>
 #include <catch2/catch.hpp>

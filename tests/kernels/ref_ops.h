@@ -62,7 +62,7 @@ inline std::vector<double> matmul(const float* x /*[n, k]*/, const float* w /*[m
 }
 
 // The rotation angle of RoPE as HF computes it: float(pos) * inv_freq[i], one fp32 product
-// (FORMATS §4.3/§4.4). Returned widened to double; cos/sin of it are then taken in double.
+// (docs/formats.md §4.3/§4.4). Returned widened to double; cos/sin of it are then taken in double.
 inline double rope_angle_fp32(int32_t pos, float inv_freq) {
     volatile float a = static_cast<float>(pos) * inv_freq;  // volatile: keep it an fp32 product
     return static_cast<double>(a);
@@ -103,7 +103,7 @@ inline std::vector<float> rope_inv_freq(int head_dim, double base) {
     return f;
 }
 
-// llama3 rope scaling of the inverse frequencies (FORMATS §4.5, transformers
+// llama3 rope scaling of the inverse frequencies (docs/formats.md §4.5, transformers
 // `_compute_llama3_parameters`): with L = original_max_position_embeddings and
 // wavelen = 2 pi / inv_freq, frequencies with wavelen < L/high are kept, those with
 // wavelen > L/low are divided by `factor`, and those in between are interpolated with
@@ -187,7 +187,7 @@ inline void attention(const AttnParams& p, std::vector<double>* out /*[n_q, n_he
     }
 }
 
-// Attention-probability column scores (ScoreParams, DESIGN §3.3), the amount added to col:
+// Attention-probability column scores (ScoreParams, docs/design.md §3.3), the amount added to col:
 // P[h,i,j] = exp(scale * q_i.k_j - lse[i,h]) for a key j visible to row i, else 0 (and 0 for a
 // row whose lse is -inf);
 //   norm: add[j] = sum_i (1/n_head sum_h P[h,i,j])^2;   sum: add[j] = sum_i sum_h P[h,i,j].
@@ -234,7 +234,7 @@ inline std::vector<double> swiglu(const float* gate, const float* up, size_t n) 
     return out;
 }
 
-// Merge of two attention states (o, lse) (DESIGN §5.3): lse = log(e^a + e^b), o = o_a e^(a-lse)
+// Merge of two attention states (o, lse) (docs/design.md §5.3): lse = log(e^a + e^b), o = o_a e^(a-lse)
 // + o_b e^(b-lse). Two empty states (-inf) stay empty: o unchanged (0 by convention), lse -inf.
 inline void lse_merge(std::vector<double>* o_a /*[rows, head_dim]*/,
                       std::vector<double>* lse_a /*[rows]*/, const float* o_b, const float* lse_b,

@@ -683,7 +683,7 @@ TEST_CASE("ops: rope pairs (i, i + D/2), not adjacent elements", "[ops]") {
 }
 
 TEST_CASE("ops: rope composes: rope(rope(x, a), b) == rope(x, a + b)", "[ops]") {
-    // DESIGN §3.2 / §6.5: re-positioning chunk-local keys by delta = global - local.
+    // docs/design.md §3.2 / §6.5: re-positioning chunk-local keys by delta = global - local.
     auto be = cpu();
     struct Case {
         const char* name;
@@ -748,7 +748,7 @@ TEST_CASE("ops: rope with llama3-scaled inverse frequencies", "[ops]") {
     const int D = 128;
     auto plain = infoflow::ref::rope_inv_freq(D, 500000.0);
     auto inv = infoflow::ref::llama3_inv_freq(D, 500000.0, 8.0, 1.0, 4.0, 8192.0);
-    // The scaling itself (FORMATS §4.5): high frequencies kept, low ones divided by 8, the
+    // The scaling itself (docs/formats.md §4.5): high frequencies kept, low ones divided by 8, the
     // band with wavelength in [2048, 8192] interpolated, monotone throughout.
     const double pi = 3.14159265358979323846;
     int kept = 0, divided = 0, mixed = 0;
@@ -1121,7 +1121,7 @@ TEST_CASE("ops: lse_merge edge cases: empty sides, large lse gaps, overflow-pron
         };
         auto where_o = [&](size_t e) { return where_l(e / D) + " dim " + std::to_string(e % D); };
         // A merge is a max, exp, log1p and two products: a few u relative. lse: 8u relative to
-        // |lse| (plus 1e-6). out: the weights exp(lse_x - lse) (DESIGN §5.3) see the fp32
+        // |lse| (plus 1e-6). out: the weights exp(lse_x - lse) (docs/design.md §5.3) see the fp32
         // rounding of the merged lse, u * |lse| absolute, as a relative error, so out gets
         // 8u * (1 + |lse|) of (|o_a| + |o_b|), plus 1e-7. (At |lse| = 1e4 that is ~1e-3: the
         // price of the prescribed form; any wrong weighting is O(1).)

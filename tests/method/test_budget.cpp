@@ -1,4 +1,4 @@
-// Regression test of the position-budget check (DESIGN §11: contexts longer than the model's
+// Regression test of the position-budget check (docs/design.md §11: contexts longer than the model's
 // positions are an error): decode.max_new_tokens near INT_MAX used to overflow the int sum
 // T + Q + max_new - 1, wrap negative and pass the check.
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// DESIGN §6 invariants of the single-rank method (§6.1, §6.2, §6.5), on a tiny random model:
+// docs/design.md §6 invariants of the single-rank method (§6.1, §6.2, §6.5), on a tiny random model:
 // infoflow at ratio 1 equals full in every layout (with and without reorder), ratio 0 equals
 // none, re-positioning by a delta equals rotating at the global position (llama3 scaling too),
 // one chunk without a sink equals full, and the recompute mask is exactly key_pos <= query_pos.
@@ -13,7 +13,7 @@ using namespace infoflow;
 using namespace infoflow::test;
 
 namespace {
-constexpr double kTol = 1e-4;  // DESIGN §6: fp32 CPU relative error on logits
+constexpr double kTol = 1e-4;  // docs/design.md §6: fp32 CPU relative error on logits
 const std::vector<int32_t> kNoStop;
 }  // namespace
 

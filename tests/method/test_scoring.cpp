@@ -1,4 +1,4 @@
-// Scoring (DESIGN §3.3) against a plain reference that materializes the attention matrix, for
+// Scoring (docs/design.md §3.3) against a plain reference that materializes the attention matrix, for
 // both aggregates and all four layouts; the positions each layout assigns; selection
 // tie-breaking (§3.4); EPIC's set and the reorder rule (§3.7, §4) on hand-built cases.
 #include <catch2/catch.hpp>

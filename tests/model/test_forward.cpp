@@ -1,4 +1,4 @@
-// Forward-pass invariants on tiny random models (DESIGN §6.6, §6.7): prefill(n) then one decode
+// Forward-pass invariants on tiny random models (docs/design.md §6.6, §6.7): prefill(n) then one decode
 // step gives the logits of prefill(n+1), for llama, qwen2 (q/k/v biases) and qwen3 (q/k norm,
 // head_dim != n_embd/n_head); the same model saved as GGUF (llama Q/K row order) and as
 // safetensors gives the same logits, and skipping the un-permute breaks that.

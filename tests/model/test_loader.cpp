@@ -1,4 +1,4 @@
-// Model loader (FORMATS §2, §4, §5): the same tiny llama saved as an HF directory and as a GGUF
+// Model loader (docs/formats.md §2, §4, §5): the same tiny llama saved as an HF directory and as a GGUF
 // with the converter's Q/K permutation (written here, independently of the library) loads to
 // identical fp32 weights, and skipping the un-permute does not (negative control); qwen2 biases
 // and qwen3 q/k norms from HF dirs; sharded safetensors; config.json errors naming the key;
@@ -42,7 +42,7 @@ void write_text(const std::string& p, const std::string& text) {
     out << text;
 }
 
-// FORMATS §4.1 written out directly: gguf_row[h*D + 2i] = hf_row[h*D + i],
+// docs/formats.md §4.1 written out directly: gguf_row[h*D + 2i] = hf_row[h*D + i],
 // gguf_row[h*D + 2i + 1] = hf_row[h*D + i + D/2].
 std::vector<float> converter_permute(const std::vector<float>& hf, int heads, int64_t row_len) {
     const int64_t rows = int64_t(hf.size()) / row_len, D = rows / heads;
@@ -150,7 +150,7 @@ std::string error_of_config(const std::string& dir, const std::string& config_te
 
 }  // namespace
 
-TEST_CASE("loader: Q/K permutation helpers follow FORMATS §4.1/§4.2", "[loader]") {
+TEST_CASE("loader: Q/K permutation helpers follow docs/formats.md §4.1/§4.2", "[loader]") {
     // One head, D = 4, row_len 1: HF [a0, a1, b0, b1] -> GGUF [a0, b0, a1, b1].
     std::vector<float> r = {10, 11, 20, 21};
     permute_qk_rows_hf_to_gguf(r.data(), 1, 4, 1);

@@ -1,4 +1,4 @@
-// Fault-injection program for tests/mpi/run_fault_test.sh (DESIGN §11): rank 1 throws in the
+// Fault-injection program for tests/mpi/run_fault_test.sh (docs/design.md §11): rank 1 throws in the
 // middle of a sequence of all-reduces while the other ranks wait inside one. Modes (argv[1]):
 //   abort_job  main catches the error and calls abort_job (the path main() uses): the job must
 //              end non-zero, promptly, with "[rank 1/P] error: ..." on stderr.

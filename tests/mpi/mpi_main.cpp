@@ -1,4 +1,4 @@
-// Catch2 main for the MPI tests (FORMATS §11.3): MPI is initialized through MpiEnv, every rank
+// Catch2 main for the MPI tests (docs/formats.md §11.3): MPI is initialized through MpiEnv, every rank
 // runs the same test cases in the same order, and the ranks' results are combined with MAX so
 // that all ranks exit alike. Run under mpiexec with 1-4 ranks, or alone as a 1-rank singleton.
 #define CATCH_CONFIG_RUNNER

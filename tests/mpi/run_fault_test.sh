@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fault tests (DESIGN §11): a failing rank must end the whole job promptly, non-zero, with a
+# Fault tests (docs/design.md §11): a failing rank must end the whole job promptly, non-zero, with a
 # rank-tagged message -- no rank may be left waiting in a collective.
 #   run_fault_test.sh MPIEXEC FAULT_PROGRAM
 # For each mode of tests/mpi/fault_rank_throws.cpp, runs it on 3 ranks (oversubscribed) under a

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end fault tests of the watchdog, the model identity check and the signal handling
-# (DESIGN §11) on real mpirun jobs of infoflow_sp with the real model:
+# (docs/design.md §11) on real mpirun jobs of infoflow_sp with the real model:
 #   run_watchdog_test.sh BIN MPIEXEC VARIANT_WRITER CASE
 # CASE: stop_scoring   - rank 1 stops itself (SIGSTOP) entering scoring; with
 #                        parallel.timeout_s = 5 every process must be gone within 5 + 10 s,

@@ -1,7 +1,7 @@
 // MpiComm on 1-4 ranks (label mpi; run by CTest under mpiexec -n 2/3/4, and alone as a 1-rank
 // singleton): every op against the obvious expected values, the byte accounting of
 // comm/communicator.h checked exactly against its formulas per phase, and the start-up config
-// check. Deadlock rule (FORMATS §11.3): every rank runs every collective of a case whatever the
+// check. Deadlock rule (docs/formats.md §11.3): every rank runs every collective of a case whatever the
 // outcome of earlier checks; only CHECK is used after communication, never REQUIRE.
 #include <catch2/catch.hpp>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Distributed execution against its single-rank oracles (DESIGN §6.1, §6.3, §6.4, §5.5), run
+// Distributed execution against its single-rank oracles (docs/design.md §6.1, §6.3, §6.4, §5.5), run
 // under mpiexec with 1-4 ranks on a tiny random model: infoflow at ratio 1 equals full in both
 // exchange modes; "exact" on P ranks equals P = 1 (same selected set, same tokens, logits
 // within 1e-4); "kv" on P ranks equals the single-rank run with emulate_ranks = P; ring

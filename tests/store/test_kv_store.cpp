@@ -1,4 +1,4 @@
-// The document KV store on real HDF5 files (DESIGN §8): round trips per dtype against an
+// The document KV store on real HDF5 files (docs/design.md §8): round trips per dtype against an
 // independent prefill, the phase-1 chunk source (load = prefill, read-write adds), content keys,
 // refusal of a store written for another model / tokenizer / dtype (naming the file and the
 // attribute), a flipped byte inside a K dataset detected and named, and writer serialization.

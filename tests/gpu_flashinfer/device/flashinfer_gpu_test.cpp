@@ -3,7 +3,7 @@
 // suffix rows, decode with and without the split-KV path, the custom mask for unsorted positions
 // and shard groups (the device-built mask also checked bit for bit against the host one), GQA,
 // odd sizes, strided K/V, a fully masked query (out 0, lse -inf) and an empty key set.
-// Tolerance: DESIGN §6 bf16 GPU vs CPU, 2e-2 relative. Exits 77 (CTest: skipped) without a device.
+// Tolerance: docs/design.md §6 bf16 GPU vs CPU, 2e-2 relative. Exits 77 (CTest: skipped) without a device.
 #define CATCH_CONFIG_RUNNER
 #include <cuda_runtime.h>
 
@@ -26,7 +26,7 @@ using namespace infoflow;
 
 namespace {
 
-constexpr double kTol = 2e-2;  // DESIGN §6: bf16 GPU vs CPU
+constexpr double kTol = 2e-2;  // docs/design.md §6: bf16 GPU vs CPU
 
 #define CUDA_REQUIRE(call)                             \
     do {                                               \

@@ -1,4 +1,4 @@
-// "A cached run equals a fresh run" (DESIGN §8) under mpiexec with 1-3 ranks, real HDF5 files:
+// "A cached run equals a fresh run" (docs/design.md §8) under mpiexec with 1-3 ranks, real HDF5 files:
 // the documents are prefilled once into a store (divided among the ranks, as cache-build does),
 // then none / infoflow / cacheblend / epic run with and without the store. With an f32 store
 // the selected set, the first-token logits and the answer are bit-identical, on the tiny
