@@ -6,7 +6,9 @@
 #   launch/test-sanitizers.sh --configure-only
 # Environment: INFOFLOW_SAN_BUILD_DIR (default build-san/), INFOFLOW_JOBS (default nproc),
 # INFOFLOW_FUZZ_SECONDS (per target, default 30; 0 skips fuzzing), INFOFLOW_SAN_TESTS (a CTest
-# -R regex to run a subset; default all tests except the GPU ones).
+# -R regex to run a subset; default all tests except the GPU ones), INFOFLOW_SAN_TARGETS (a
+# space-separated list of test executables: build only those and the fuzz targets, and run each
+# of those executables directly instead of the CTest suite).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${INFOFLOW_SAN_BUILD_DIR:-$root/build-san}"
@@ -21,7 +23,14 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPI
     exit 1
 }
 [ "${1:-}" = "--configure-only" ] && exit 0
-cmake --build "$build" -j "$jobs"
+san_targets="${INFOFLOW_SAN_TARGETS:-}"
+if [ -n "$san_targets" ]; then
+    fuzz_targets=$("$root/launch/fuzz.sh" list | sed 's/^/fuzz_/' | tr '\n' ' ')
+    # shellcheck disable=SC2086
+    cmake --build "$build" -j "$jobs" --target $san_targets $fuzz_targets fuzz_gen_corpus
+else
+    cmake --build "$build" -j "$jobs"
+fi
 t1=$(date +%s)
 echo "[sanitizers] build: $((t1 - t0)) s"
 
@@ -33,7 +42,12 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 (
     cd "$build"
-    if [ -n "${INFOFLOW_SAN_TESTS:-}" ]; then
+    if [ -n "$san_targets" ]; then
+        for t in $san_targets; do
+            echo "[sanitizers] $t"
+            "./$t" --use-colour no
+        done
+    elif [ -n "${INFOFLOW_SAN_TESTS:-}" ]; then
         ctest --output-on-failure -j "${INFOFLOW_TEST_JOBS:-2}" -LE gpu -R "$INFOFLOW_SAN_TESTS"
     else
         ctest --output-on-failure -j "${INFOFLOW_TEST_JOBS:-2}" -LE gpu
