@@ -652,7 +652,9 @@ TEST_CASE("planned features are rejected on the command line", "[cpu][config]") 
         {"model.dtype=bf16", "model.dtype = \"bf16\""},
         {"niah.methods=[full,reform]", "niah.methods"},
     };
-    for (const auto& [set, what] : cases) {
+    for (const auto& c : cases) {
+        const std::string& set = c.first;  // not a structured binding: the lambda captures it
+        const std::string& what = c.second;
         INFO(set);
         CHECK_NOTHROW(parse("", {set}));
         const std::string e = error_of([&] {
