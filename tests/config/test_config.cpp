@@ -133,6 +133,9 @@ runs = 3
 warmup = 0
 threads = 4
 spread_limit = 0.1
+emulate_timing = true
+link_alpha_us = 2.5
+link_beta_gbs = 50.0
 [store]
 path = "cache/kv.h5"
 mode = "read-write"
@@ -264,6 +267,9 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.bench.warmup == 0);
     CHECK(c.bench.threads == 4);
     CHECK(c.bench.spread_limit == Approx(0.1));
+    CHECK(c.bench.emulate_timing);
+    CHECK(c.bench.link_alpha_us == Approx(2.5));
+    CHECK(c.bench.link_beta_gbs == Approx(50.0));
     CHECK(c.store.path == "cache/kv.h5");
     CHECK(c.store.mode == C::StoreMode::read_write);
     CHECK(c.store.dtype == C::StoreDType::f32);
@@ -563,6 +569,10 @@ TEST_CASE("to_json round trip and hash", "[cpu][config]") {
         } else {
             const std::string s = key.substr(0, dot), k = key.substr(dot + 1);
             changed[s][k] = cj[s][k];
+        }
+        if (key == "bench.emulate_timing") {  // valid only with bench-ttft on emulated ranks
+            changed["job"] = cj["job"];
+            changed["parallel"]["emulate_ranks"] = cj["parallel"]["emulate_ranks"];
         }
         INFO(key);
         const Config one = Config::from_json(changed);
