@@ -27,10 +27,6 @@
 set -uo pipefail
 bin="$1"; mpiexec="$2"; case_name="$3"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-# Debian's interpreter carries python3-jsonschema (launch/setup.sh); another python3 first on
-# PATH (pyenv, a venv) may not.
-sys_py=/usr/bin/python3
-[ -x "$sys_py" ] || sys_py=python3
 cd "$root"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -179,10 +175,10 @@ schema)
     "$mpiexec" -n 2 --oversubscribe "$bin" --config configs/bench-ttft-smollm2.toml \
         --set model.path=random:tiny --set 'bench.lengths=[256]' --set bench.runs=2 \
         --set bench.warmup=0 --set chunking.size=64 --out "$tmp/bench.json" > /dev/null || fail "bench"
-    "$sys_py" "$root/tests/cli/validate_result.py" "$schema" "$tmp"/answer1.json "$tmp"/answer2.json \
+    python3 "$root/tests/cli/validate_result.py" "$schema" "$tmp"/answer1.json "$tmp"/answer2.json \
         "$tmp"/niah.json "$tmp"/eval.json "$tmp"/bench.json || exit 1
-    "$sys_py" "$root/tests/cli/validate_result.py" "$schema" --rows niah "$tmp/niah.jsonl" || exit 1
-    "$sys_py" "$root/tests/cli/validate_result.py" "$schema" --rows eval "$tmp/eval.jsonl" || exit 1
+    python3 "$root/tests/cli/validate_result.py" "$schema" --rows niah "$tmp/niah.jsonl" || exit 1
+    python3 "$root/tests/cli/validate_result.py" "$schema" --rows eval "$tmp/eval.jsonl" || exit 1
     # Provenance names this build and this model file.
     python3 - "$tmp" "$("$bin" --version | head -n 1)" "$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" <<'PY' || exit 1
 import json, os, socket, sys
@@ -220,7 +216,7 @@ jsonl)
     [ -f "$tmp/sweep.json" ] && fail "an interrupted sweep wrote its final JSON"
     lines=$(wc -l < "$tmp/sweep.jsonl")
     [ "$lines" -eq 1 ] || fail "expected 1 row in sweep.jsonl, found $lines"
-    "$sys_py" "$root/tests/cli/validate_result.py" "$root/docs/result.schema.json" --rows niah \
+    python3 "$root/tests/cli/validate_result.py" "$root/docs/result.schema.json" --rows niah \
         "$tmp/sweep.jsonl" || exit 1
     python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); assert r["length_target"]==256, r' \
         "$tmp/sweep.jsonl" || fail "the row is not the first case"
