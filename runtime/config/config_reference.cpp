@@ -46,13 +46,15 @@ const std::map<std::string, std::string>& descriptions() {
         {"model.path",
          "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
          "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
-        {"model.backend", "compute backend; `cuda` is planned (the CPU backend runs everything)"},
+        {"model.backend",
+         "compute backend; `cuda`: bf16 weights, cuBLAS and FlashInfer on the rank's GPU (built, not "
+         "yet run on a GPU)"},
         {"model.check_finite",
          "reject NaN/Inf in any loaded tensor of a model file, naming the tensor"},
         {"model.threads", "CPU threads per rank; `0` = all cores (the OpenMP default)"},
         {"model.dtype",
          "compute type of weights and activations; the CPU backend computes in fp32 (`bf16` / "
-         "`fp16` are meant for the planned GPU backend)"},
+         "`fp16` are planned: not implemented yet)"},
         {"request.system", "system prompt (part of chunk 0)"},
         {"request.documents", "the context documents, inline"},
         {"request.documents_file",
