@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_features.h"
 #include "ref_ops.h"
 
 using infoflow::AttnParams;
@@ -1247,4 +1248,23 @@ TEST_CASE("ops: attention_scores, norm and sum aggregates over a column prefix",
             }
         }
     }
+}
+
+TEST_CASE("cpu isa: the override accepts the known paths and names a bad one", "[kernels][isa]") {
+    using infoflow::cpu::CpuIsa;
+    const CpuIsa before = infoflow::cpu::active_cpu_isa();
+    CHECK_THROWS_WITH(infoflow::cpu::set_cpu_isa_override("sse2"),
+                      Catch::Contains("cpu.isa") && Catch::Contains("sse2"));
+    infoflow::cpu::set_cpu_isa_override("avx2");
+    CHECK(infoflow::cpu::active_cpu_isa() == CpuIsa::avx2);
+    CHECK(infoflow::cpu::cpu_isa_summary() == "avx2");
+    if (infoflow::cpu::cpu_has_avx512()) {
+        infoflow::cpu::set_cpu_isa_override("avx512");
+        CHECK(infoflow::cpu::active_cpu_isa() == CpuIsa::avx512);
+        CHECK(infoflow::cpu::cpu_isa_summary().rfind("avx512", 0) == 0);
+    } else {
+        CHECK_THROWS_WITH(infoflow::cpu::set_cpu_isa_override("avx512"),
+                          Catch::Contains("no AVX-512"));
+    }
+    infoflow::cpu::set_cpu_isa_override(infoflow::cpu::cpu_isa_name(before));
 }
