@@ -11,7 +11,8 @@
 #                        at start-up naming both ranks and both files
 #       sigint         - SIGINT to mpirun mid-run: every rank prints "[rank r/P] interrupted",
 #                        the job ends non-zero, and --out is not written (not even partially);
-#                        SIGINT / SIGTERM to a single process: exit 130 / 143
+#                        SIGINT / SIGTERM to a single process, or to launch/mpirun.sh:
+#                        exit 130 / 143
 #       bad_out        - an unwritable --out is refused before the run (within seconds, not
 #                        after the computation)
 set -uo pipefail
@@ -138,6 +139,26 @@ sigint)
         grep -qxF "[rank 0/1] interrupted (SIG$sig)" "$tmp/out1.txt" || fail "SIG$sig: no line"
         ls -a "$tmp" | grep -q "r.json" && fail "SIG$sig: a result file was left behind"
         echo "ok: SIG$sig on one process: exit $rc"
+    done
+    # 3. The project's launcher, launch/mpirun.sh: SIGINT -> 130, SIGTERM -> 143 (plain mpirun
+    # exits 1 for both). A background job of a script starts with SIGINT ignored and bash cannot
+    # trap a signal ignored at entry, so python3 restores the default first, as a terminal's
+    # foreground job has it.
+    for sig in INT TERM; do
+        python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
+            launch/mpirun.sh -np 2 "$bin" "${long[@]}" > "$tmp/out2.txt" 2>&1 &
+        job=$!
+        sleep 12
+        kill -0 "$job" 2>/dev/null || { cat "$tmp/out2.txt"; fail "launcher: the job ended early"; }
+        kill -"$sig" "$job"
+        wait_or_kill "$job" 60
+        rc=$?
+        cat "$tmp/out2.txt"
+        want=$([ "$sig" = INT ] && echo 130 || echo 143)
+        [ "$rc" -eq "$want" ] || fail "launch/mpirun.sh, SIG$sig: exit $rc, expected $want"
+        grep -qE "^\[rank 1/2\] interrupted" "$tmp/out2.txt" || fail "launcher SIG$sig: no rank 1 line"
+        ls -a "$tmp" | grep -q "r.json" && fail "launcher SIG$sig: a result file was left behind"
+        echo "ok: SIG$sig to launch/mpirun.sh: exit $rc"
     done
     ;;
 bad_out)
