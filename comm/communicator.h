@@ -1,7 +1,7 @@
-// The communicator: a small abstract interface with coarse ops (docs/style.md point 4) over which the
-// sequence-parallel phases (docs/design.md §5.2) and ring attention (§5.4) move data, plus the byte and
-// wait-time accounting of §5.5 and the fault helpers of §11. Implementations: `SelfComm` (one
-// rank, no library; comm/self_comm.cpp), `MpiComm` (comm/mpi_comm.h) and `NcclComm`
+// The communicator: a small abstract interface with coarse ops (docs/style.md point 4) over which
+// the sequence-parallel phases (docs/design.md §5.2) and ring attention (§5.4) move data, plus the
+// byte and wait-time accounting of §5.5 and the fault helpers of §11. Implementations: `SelfComm`
+// (one rank, no library; comm/self_comm.cpp), `MpiComm` (comm/mpi_comm.h) and `NcclComm`
 // (comm/nccl_comm.h). This header
 // is plain C++: it never includes mpi.h or nccl.h, and nothing here is a template.
 //
@@ -46,9 +46,9 @@ size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 const char* reduce_op_name(ReduceOp op);
 
-// Communication counted for one phase on one rank (docs/design.md §5.5). Bytes are *logical payload*,
-// not what the library's algorithm puts on the wire; data a rank keeps for itself (its own
-// block of an all-gather, its diagonal block of an all-to-all, a message to itself) is never
+// Communication counted for one phase on one rank (docs/design.md §5.5). Bytes are *logical
+// payload*, not what the library's algorithm puts on the wire; data a rank keeps for itself (its
+// own block of an all-gather, its diagonal block of an all-to-all, a message to itself) is never
 // counted. For rank r of P ranks:
 //   barrier                        sent 0                       recv 0
 //   broadcast(B bytes, root)       root: B·(P−1), others 0      root: 0, others B
@@ -227,8 +227,15 @@ class Communicator {
                                                   Stream stream) = 0;
     virtual std::unique_ptr<RequestImpl> do_irecv(void* buf, size_t bytes, int src, int tag,
                                                   Stream stream) = 0;
+    // Default: post the receive, then the send, and wait for both (deadlock-free for any pairing
+    // of peers); MPI and NCCL override it with their own fused call.
     virtual void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv,
-                             size_t recv_bytes, int src, int tag, Stream stream) = 0;
+                             size_t recv_bytes, int src, int tag, Stream stream) {
+        std::unique_ptr<RequestImpl> r = do_irecv(recv, recv_bytes, src, tag, stream);
+        std::unique_ptr<RequestImpl> s = do_isend(send, send_bytes, dest, tag, stream);
+        s->wait();
+        r->wait();
+    }
     // Called by set_phase after the phase changed (ThreadComm closes a timed compute segment
     // there); the default does nothing.
     virtual void on_set_phase(const std::string& /*phase*/) {}
@@ -262,15 +269,15 @@ class PhaseScope {
 };
 
 // Collective: every rank's stats() (a snapshot taken on entry) on every rank, for the per-rank
-// JSON columns of docs/design.md §9. Phases in order of first appearance on rank 0, then on rank 1, ...
-// The gather's own traffic is counted afterwards under the phase "comm_stats".
+// JSON columns of docs/design.md §9. Phases in order of first appearance on rank 0, then on rank 1,
+// ... The gather's own traffic is counted afterwards under the phase "comm_stats".
 std::vector<PhaseStatsAllRanks> gather_stats(Communicator& comm);
 
 // The fixed-size slot check_same_config compares (exposed for tests).
 constexpr size_t k_config_hash_slot = 64;
 
-// Collective start-up check (docs/design.md §11): all-gathers every rank's `config_hash` (a string of
-// at most 64 bytes; a longer one is compared by its FNV-1a hex) and, when any rank's differs
+// Collective start-up check (docs/design.md §11): all-gathers every rank's `config_hash` (a string
+// of at most 64 bytes; a longer one is compared by its FNV-1a hex) and, when any rank's differs
 // from rank 0's, throws infoflow::Error on every rank naming the differing ranks and hashes.
 void check_same_config(Communicator& comm, const std::string& config_hash);
 

@@ -95,13 +95,6 @@ class SelfComm final : public Communicator {
         }
         return std::make_unique<SelfRequest>(this, done, false, tag);
     }
-    void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
-                     int src, int tag, Stream stream) override {
-        std::unique_ptr<RequestImpl> r = do_irecv(recv, recv_bytes, src, tag, stream);
-        std::unique_ptr<RequestImpl> s = do_isend(send, send_bytes, dest, tag, stream);
-        s->wait();
-        r->wait();
-    }
 
   private:
     static void copy(void* dst, const void* src, size_t bytes) {

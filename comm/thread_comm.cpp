@@ -512,14 +512,6 @@ class ThreadComm final : public Communicator {
         return std::make_unique<RecvRequest>(this, rs, src, tag);
     }
 
-    void do_sendrecv(const void* send, size_t send_bytes, int dest, void* recv, size_t recv_bytes,
-                     int src, int tag, Stream stream) override {
-        std::unique_ptr<RequestImpl> r = do_irecv(recv, recv_bytes, src, tag, stream);
-        std::unique_ptr<RequestImpl> s = do_isend(send, send_bytes, dest, tag, stream);
-        s->wait();
-        r->wait();
-    }
-
   private:
     void deliver(const void* data, size_t bytes, RecvState& r, double arrival, int src, int tag) {
         if (bytes != r.bytes) {

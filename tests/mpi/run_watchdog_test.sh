@@ -125,40 +125,38 @@ sigint)
     grep -qE "^\[rank 1/2\] interrupted" "$tmp/out.txt" || fail "no 'interrupted' line of rank 1"
     ls -a "$tmp" | grep -q "r.json" && fail "a result file (or its temp file) was left behind"
     echo "ok: mpirun interrupted, rc=$rc, $(( $(date +%s) - start )) s after SIGINT, no --out"
-    # 2. One process, no launcher: SIGINT -> exit 130, SIGTERM -> exit 143.
-    for sig in INT TERM; do
-        "$bin" "${long[@]}" > "$tmp/out1.txt" 2>&1 &
-        job=$!
-        sleep 6
-        kill -"$sig" "$job"
-        wait_or_kill "$job" 30
-        rc=$?
-        cat "$tmp/out1.txt"
-        want=$([ "$sig" = INT ] && echo 130 || echo 143)
-        [ "$rc" -eq "$want" ] || fail "SIG$sig: exit $rc, expected $want"
-        grep -qxF "[rank 0/1] interrupted (SIG$sig)" "$tmp/out1.txt" || fail "SIG$sig: no line"
-        ls -a "$tmp" | grep -q "r.json" && fail "SIG$sig: a result file was left behind"
-        echo "ok: SIG$sig on one process: exit $rc"
-    done
-    # 3. The project's launcher, launch/mpirun.sh: SIGINT -> 130, SIGTERM -> 143 (plain mpirun
-    # exits 1 for both). A background job of a script starts with SIGINT ignored and bash cannot
-    # trap a signal ignored at entry, so python3 restores the default first, as a terminal's
-    # foreground job has it.
-    for sig in INT TERM; do
-        python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
-            launch/mpirun.sh -np 2 "$bin" "${long[@]}" > "$tmp/out2.txt" 2>&1 &
-        job=$!
-        sleep 12
-        kill -0 "$job" 2>/dev/null || { cat "$tmp/out2.txt"; fail "launcher: the job ended early"; }
+    # signal_job WHAT SIG WAIT LINE CMD...: starts CMD, sends SIG after WAIT s, and checks the
+    # exit code (130 for SIGINT, 143 for SIGTERM), the line LINE (a regex) and that no result
+    # file was left behind.
+    signal_job() {
+        local what=$1 sig=$2 wait_s=$3 line=$4
+        shift 4
+        "$@" > "$tmp/out1.txt" 2>&1 &
+        local job=$!
+        sleep "$wait_s"
+        kill -0 "$job" 2>/dev/null || { cat "$tmp/out1.txt"; fail "$what: the job ended early"; }
         kill -"$sig" "$job"
         wait_or_kill "$job" 60
-        rc=$?
-        cat "$tmp/out2.txt"
+        local rc=$?
+        cat "$tmp/out1.txt"
+        local want
         want=$([ "$sig" = INT ] && echo 130 || echo 143)
-        [ "$rc" -eq "$want" ] || fail "launch/mpirun.sh, SIG$sig: exit $rc, expected $want"
-        grep -qE "^\[rank 1/2\] interrupted" "$tmp/out2.txt" || fail "launcher SIG$sig: no rank 1 line"
-        ls -a "$tmp" | grep -q "r.json" && fail "launcher SIG$sig: a result file was left behind"
-        echo "ok: SIG$sig to launch/mpirun.sh: exit $rc"
+        [ "$rc" -eq "$want" ] || fail "$what, SIG$sig: exit $rc, expected $want"
+        grep -qE "$line" "$tmp/out1.txt" || fail "$what, SIG$sig: no line '$line'"
+        ls -a "$tmp" | grep -q "r.json" && fail "$what, SIG$sig: a result file was left behind"
+        echo "ok: SIG$sig to $what: exit $rc"
+    }
+    for sig in INT TERM; do
+        # 2. One process, no launcher.
+        signal_job "one process" "$sig" 6 "^\[rank 0/1\] interrupted \(SIG$sig\)$" \
+            "$bin" "${long[@]}"
+        # 3. The project's launcher, launch/mpirun.sh (plain mpirun exits 1 for both signals). A
+        # background job of a script starts with SIGINT ignored and bash cannot trap a signal
+        # ignored at entry, so python3 restores the default first, as a terminal's foreground
+        # job has it.
+        signal_job "launch/mpirun.sh" "$sig" 12 "^\[rank 1/2\] interrupted" python3 -c \
+            'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])' \
+            launch/mpirun.sh -np 2 "$bin" "${long[@]}"
     done
     ;;
 bad_out)
