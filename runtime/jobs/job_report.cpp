@@ -282,6 +282,10 @@ void run_case(Session& s, const Config& cfg, const std::vector<MethodVariant>& v
             row["method"] = v.label;
             row["reference"] = true;
             row["does_not_fit"] = true;
+            // The fields every row carries, empty: nothing ran.
+            row["answer"] = "";
+            row["answer_ids"] = nlohmann::json::array();
+            put_comparison(row, MethodResult(), RunComparison());
             std::printf("[case] T %d: full does not fit (%lld positions > %d of the model)\n", T,
                         static_cast<long long>(need), s.model->config().n_ctx_train);
             rows.push_back(row);
