@@ -5,17 +5,23 @@
 # table and keeps the JSON lines.
 #   bench/reform_memory.sh [BUILD_DIR] [OUT_PREFIX] > bench/results/reform-memory-smollm2-cpu.md
 # Env: LENGTHS (reform beyond the window, default "16384 32768 65536 131072"),
-#      SHORT (lengths for full and reform, default "2048 4096 8192"), THREADS (default 2).
+#      SHORT (lengths for full and reform, default "2048 4096 8192"), THREADS (default 2),
+#      HEADS (reform.heads for the reform rows, default: the config default).
 set -euo pipefail
 build=${1:-build}
 out=${2:-out/reform-memory}
 lengths=${LENGTHS:-16384 32768 65536 131072}
 short=${SHORT:-2048 4096 8192}
 threads=${THREADS:-2}
+heads=()
+[ -n "${HEADS:-}" ] && heads=(--set "reform.heads=$HEADS")
 mkdir -p "$(dirname "$out")"
 : > "$out.jsonl"
 run() {  # mode length
-    "$build/bench_reform" --mode "$1" --length "$2" --threads "$threads" | tail -1 >> "$out.jsonl"
+    local extra=()
+    [ "$1" = reform ] && extra=("${heads[@]}")
+    "$build/bench_reform" --mode "$1" --length "$2" --threads "$threads" ${extra[@]+"${extra[@]}"} |
+        tail -1 >> "$out.jsonl"
     tail -1 "$out.jsonl" >&2
 }
 for L in $short; do run full "$L"; run reform "$L"; done

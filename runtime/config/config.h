@@ -109,9 +109,9 @@ struct Config {
         int recent = 256;       // h2o/reform: most recent tokens always kept, >= 0
         int sink = 4;           // streamingllm: first tokens always kept, >= 0
         // Retrieval embedding heads; the default is the `reform-heads` result for SmolLM2.
-        std::vector<ReformHead> heads = {{3, 0, 'v'}, {3, 1, 'v'}, {3, 2, 'v'}};
+        std::vector<ReformHead> heads = {{21, 2, 'v'}, {27, 0, 'v'}, {22, 7, 'q'}};
         int pool = 129;          // max-pool window of the scores, odd, > 0
-        int gather = 3072;       // tokens gathered by score for the recompute, >= 0
+        int gather = 1024;       // tokens gathered by score for the recompute, >= 0
         int keep_ends = 256;     // first and last tokens always gathered, >= 0
         int tasks = 8;           // reform-heads: synthetic tasks per kind, > 0
         int task_tokens = 2048;  // reform-heads: context tokens per task, > 0
