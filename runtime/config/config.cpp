@@ -490,7 +490,7 @@ Field reform_heads_field(const char* key, Sec<S> sec, std::vector<Config::Reform
                 }
                 return j;
             }};
-    f.type = "[[layer, head, q|k|v]], no repeats";
+    f.type = "[[layer, head, state]], state q, k or v, no repeats";
     return f;
 }
 
