@@ -37,13 +37,14 @@ const std::vector<const char*>& names_of();
         return names;                                                \
     }
 
-IF_ENUM_NAMES(Config::Job, "answer", "niah", "eval", "bench-ttft", "cache-build")
+IF_ENUM_NAMES(Config::Job, "answer", "niah", "eval", "bench-ttft", "cache-build", "reform-heads")
 IF_ENUM_NAMES(Config::Backend, "cpu", "cuda")
 IF_ENUM_NAMES(Config::DType, "fp32", "bf16", "fp16")
 IF_ENUM_NAMES(Config::Template, "qa", "longbench", "raw")
 IF_ENUM_NAMES(Config::ChatTemplate, "auto", "chatml", "llama3", "raw")
 IF_ENUM_NAMES(Config::ChunkMode, "passage", "fixed")
-IF_ENUM_NAMES(Config::Method, "full", "none", "infoflow", "cacheblend", "epic", "ring", "reform")
+IF_ENUM_NAMES(Config::Method, "full", "none", "infoflow", "cacheblend", "epic", "ring", "reform",
+              "h2o", "streamingllm")
 IF_ENUM_NAMES(Config::Query, "question", "suffix")
 IF_ENUM_NAMES(Config::Aggregate, "norm", "sum")
 IF_ENUM_NAMES(Config::Layout, "global", "hl-tp", "hl-hp", "tl-tp")
@@ -450,6 +451,49 @@ Field enum_array_field(const char* key, Sec<S> sec, std::vector<E> S::*mem) {
     return f;
 }
 
+// reform.heads: an array of [layer, head, "q" | "k" | "v"] triples, no repeats.
+template <class S>
+Field reform_heads_field(const char* key, Sec<S> sec, std::vector<Config::ReformHead> S::*mem) {
+    Field f{key,
+            [=](Config& c, const Ctx& x) {
+                std::vector<Config::ReformHead> out;
+                const auto& a = get_array(x);
+                for (size_t i = 0; i < a.size(); ++i) {
+                    const Ctx item = x.at(a[i], static_cast<int>(i));
+                    const auto* t = a[i].as_array();
+                    if (!t || t->size() != 3)
+                        item.fail("expected [layer, head, \"q\"|\"k\"|\"v\"]");
+                    Config::ReformHead h;
+                    h.layer = static_cast<int>(get_int(item.at((*t)[0], static_cast<int>(i)), 0,
+                                                       std::numeric_limits<int>::max()));
+                    h.head = static_cast<int>(get_int(item.at((*t)[1], static_cast<int>(i)), 0,
+                                                      std::numeric_limits<int>::max()));
+                    const std::string k = get_string(item.at((*t)[2], static_cast<int>(i)));
+                    if (k != "q" && k != "k" && k != "v") {
+                        item.fail("state '" + k + "' is not one of q|k|v");
+                    }
+                    h.kind = k[0];
+                    for (const auto& o : out) {
+                        if (o.layer == h.layer && o.head == h.head && o.kind == h.kind) {
+                            item.fail("[" + std::to_string(h.layer) + ", " +
+                                      std::to_string(h.head) + ", \"" + k + "\"] is listed twice");
+                        }
+                    }
+                    out.push_back(h);
+                }
+                (c.*sec).*mem = std::move(out);
+            },
+            [=](const Config& c) {
+                json j = json::array();
+                for (const auto& h : (c.*sec).*mem) {
+                    j.push_back(json::array({h.layer, h.head, std::string(1, h.kind)}));
+                }
+                return j;
+            }};
+    f.type = "[[layer, head, state]], state q, k or v, no repeats";
+    return f;
+}
+
 std::string lower(std::string s) {
     for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     return s;
@@ -525,6 +569,20 @@ const std::vector<Field>& fields() {
 
         f.push_back(enum_field("epic.mode", &C::epic, &C::EpicSection::mode));
         f.push_back(int_field("epic.k", &C::epic, &C::EpicSection::k, 1));
+
+        const auto rf = &C::reform;
+        using Rf = C::ReformSection;
+        f.push_back(int_field("reform.chunk_size", rf, &Rf::chunk_size, 1));
+        f.push_back(int_field("reform.budget", rf, &Rf::budget, 1));
+        f.push_back(int_field("reform.recent", rf, &Rf::recent, 0));
+        f.push_back(int_field("reform.sink", rf, &Rf::sink, 0));
+        f.push_back(reform_heads_field("reform.heads", rf, &Rf::heads));
+        f.push_back(int_field("reform.pool", rf, &Rf::pool, 1));
+        f.push_back(int_field("reform.gather", rf, &Rf::gather, 0));
+        f.push_back(int_field("reform.keep_ends", rf, &Rf::keep_ends, 0));
+        f.push_back(int_field("reform.tasks", rf, &Rf::tasks, 1));
+        f.push_back(int_field("reform.task_tokens", rf, &Rf::task_tokens, 1));
+        f.push_back(int_field("reform.top", rf, &Rf::top, 1));
 
         const auto par = &C::parallel;
         f.push_back(enum_field("parallel.comm", par, &C::ParallelSection::comm));
@@ -748,6 +806,10 @@ class Loader {
                  ": the emulated timing mode is for job = "
                  "\"bench-ttft\" only");
         }
+        if (cfg_.reform.pool % 2 == 0) {
+            fail(where("reform.pool") + ": must be odd (a window centred on the token), got " +
+                 std::to_string(cfg_.reform.pool));
+        }
         if (cfg_.bench.emulate_timing && cfg_.parallel.emulate_ranks < 1) {
             fail(where("bench.emulate_timing") +
                  ": needs parallel.emulate_ranks >= 1 (the number of virtual ranks)");
@@ -923,15 +985,8 @@ void check_implemented(const Config& c) {
     auto planned = [](bool hit, const std::string& what) {
         if (hit) fail(what + ": not implemented yet (planned, see README.md)");
     };
-    planned(c.method.name == Config::Method::reform, "method.name = \"reform\"");
     planned(c.model.dtype != Config::DType::fp32,
             std::string("model.dtype = \"") + enum_name(c.model.dtype) + "\" (fp32 only)");
-    for (const Config::Method m : c.niah.methods) {
-        planned(m == Config::Method::reform, "niah.methods: \"reform\"");
-    }
-    for (const Config::Method m : c.bench.methods) {
-        planned(m == Config::Method::reform, "bench.methods: \"reform\"");
-    }
 }
 
 std::vector<std::string> config_keys() {

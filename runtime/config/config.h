@@ -26,13 +26,13 @@ namespace infoflow {
 struct Config {
     // Enum-valued keys. Their TOML spellings are the `to_string` names below
     // ("bench-ttft", "hl-tp", "auto", ...).
-    enum class Job { answer, niah, eval, bench_ttft, cache_build };
+    enum class Job { answer, niah, eval, bench_ttft, cache_build, reform_heads };
     enum class Backend { cpu, cuda };
     enum class DType { fp32, bf16, fp16 };
     enum class Template { qa, longbench, raw };  // instruction template (request.template)
     enum class ChatTemplate { automatic, chatml, llama3, raw };  // "auto": from the model file
     enum class ChunkMode { passage, fixed };
-    enum class Method { full, none, infoflow, cacheblend, epic, ring, reform };
+    enum class Method { full, none, infoflow, cacheblend, epic, ring, reform, h2o, streamingllm };
     enum class Query { question, suffix };
     enum class Aggregate { norm, sum };
     enum class Layout { global, hl_tp, hl_hp, tl_tp };
@@ -95,6 +95,27 @@ struct Config {
     struct EpicSection {
         EpicMode mode = EpicMode::ratio;
         int k = 16;  // tokens per chunk for mode "fixed", >= 1
+    };
+    // REFORM and its baselines h2o / streamingllm (docs/design.md §4.1): recurrent chunked
+    // forwarding with a compressed cache, retrieval embeddings of chosen heads, gather, recompute.
+    struct ReformHead {
+        int layer = 0;
+        int head = 0;     // query head for "q", KV head for "k" and "v"
+        char kind = 'k';  // 'q', 'k' or 'v'
+    };
+    struct ReformSection {
+        int chunk_size = 1024;  // tokens per recurrent step, > 0
+        int budget = 2048;      // cache tokens kept after each compression, > 0
+        int recent = 256;       // h2o/reform: most recent tokens always kept, >= 0
+        int sink = 4;           // streamingllm: first tokens always kept, >= 0
+        // Retrieval embedding heads; the default is the `reform-heads` result for SmolLM2.
+        std::vector<ReformHead> heads = {{21, 2, 'v'}, {27, 0, 'v'}, {22, 7, 'q'}};
+        int pool = 129;          // max-pool window of the scores, odd, > 0
+        int gather = 1024;       // tokens gathered by score for the recompute, >= 0
+        int keep_ends = 256;     // first and last tokens always gathered, >= 0
+        int tasks = 8;           // reform-heads: synthetic tasks per kind, > 0
+        int task_tokens = 2048;  // reform-heads: context tokens per task, > 0
+        int top = 3;             // reform-heads: heads written to the snippet, > 0
     };
     struct ParallelSection {
         Comm comm = Comm::automatic;
@@ -166,6 +187,7 @@ struct Config {
     ScoringSection scoring;
     CacheBlendSection cacheblend;
     EpicSection epic;
+    ReformSection reform;
     ParallelSection parallel;
     RingSection ring;
     DecodeSection decode;
@@ -225,7 +247,7 @@ Config parse_config(const std::string& toml_text, const std::string& origin,
 // a TOML value is taken as a string, and so is any value given to a string key.
 void apply_overrides(Config& cfg, const std::vector<std::string>& sets);
 
-// Rejects values the config can name but this build does not run yet (method "reform", backend
+// Rejects values the config can name but this build does not run yet (backend
 // "cuda", comm "nccl", compute types other than fp32): an
 // Error "KEY = VALUE: not implemented yet (planned, ...)". The loaders accept those values so
 // configs and their JSON round-trip; the command line (load_config_from_cli) calls this.

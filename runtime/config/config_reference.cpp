@@ -24,6 +24,7 @@ const std::map<std::string, std::string>& section_titles() {
         {"scoring", "[scoring]"},
         {"cacheblend", "[cacheblend]"},
         {"epic", "[epic]"},
+        {"reform", "[reform] (methods `reform`, `h2o`, `streamingllm`; job `reform-heads`)"},
         {"parallel", "[parallel]"},
         {"ring", "[ring]"},
         {"decode", "[decode]"},
@@ -42,7 +43,8 @@ const std::map<std::string, std::string>& descriptions() {
         {"job",
          "what runs: one request (`answer`), a needle-in-a-haystack sweep (`niah`), a "
          "LongBench-format QA evaluation (`eval`), the TTFT table (`bench-ttft`), or prefill "
-         "documents once into the KV store (`cache-build`, needs `store.path`)"},
+         "documents once into the KV store (`cache-build`, needs `store.path`), or rank the "
+         "retrieval heads of REFORM on synthetic tasks (`reform-heads`)"},
         {"model.path",
          "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
          "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
@@ -82,7 +84,8 @@ const std::map<std::string, std::string>& descriptions() {
          "token prefilled before each context chunk and dropped afterwards: `bos` (the model's "
          "BOS, else the first token of the chat prefix), `none`, or a literal one-token string"},
         {"method.name",
-         "the method (docs/design.md §4); `reform` is planned (docs/design.md §4.1)"},
+         "the method (docs/design.md §4); `reform`, `h2o` and `streamingllm` read inputs longer "
+         "than the model's window (docs/design.md §4.1, docs/reform.md)"},
         {"method.ratio", "recompute fraction: k = ⌊ratio · T⌋ context tokens"},
         {"method.reorder", "two-stage chunk reorder before selection (docs/design.md §3.7)"},
         {"scoring.query", "scoring rows: the `question` tokens or the whole `suffix`"},
@@ -103,6 +106,22 @@ const std::map<std::string, std::string>& descriptions() {
         {"epic.mode",
          "`ratio`: the first ⌊ratio·\\|C\\|⌋ tokens of each chunk; `fixed`: the first `epic.k`"},
         {"epic.k", "tokens per chunk for `epic.mode = \"fixed\"`"},
+        {"reform.chunk_size", "tokens fed per step of the recurrent chunked forward"},
+        {"reform.budget",
+         "cache tokens kept after each compression (h2o, reform: heavy hitters + recent; "
+         "streamingllm: sinks + recent); the cache never holds more than budget + chunk_size"},
+        {"reform.recent", "`h2o`, `reform`: the most recent tokens always kept (≤ budget)"},
+        {"reform.sink", "`streamingllm`: the first tokens always kept (attention sinks)"},
+        {"reform.heads",
+         "retrieval heads `[layer, head, \"q\"\\|\"k\"\\|\"v\"]` (head: query head for q, KV head "
+         "for k/v); each head's state L2-normalized, concatenated; the default is the "
+         "`reform-heads` result for SmolLM2"},
+        {"reform.pool", "max-pool window over the per-token scores (odd)"},
+        {"reform.gather", "context tokens gathered by score for the recompute"},
+        {"reform.keep_ends", "first and last context tokens always gathered"},
+        {"reform.tasks", "`reform-heads`: synthetic tasks per kind (pattern match, multi-hop)"},
+        {"reform.task_tokens", "`reform-heads`: context tokens of each synthetic task"},
+        {"reform.top", "`reform-heads`: heads written to the config snippet"},
         {"parallel.comm",
          "communicator; `auto` = NCCL with the cuda backend (when built), else MPI when started "
          "by a launcher, else one rank; `nccl` = device collectives over NCCL (MPI bootstraps it "

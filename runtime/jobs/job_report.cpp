@@ -267,16 +267,47 @@ void run_case(Session& s, const Config& cfg, const std::vector<MethodVariant>& v
               const CaseVisitor& visit) {
     const Tokenizer& tok = s.tok();
     const int T = req.context_tokens();
+    // Beyond the model's window (reform, h2o, streamingllm) `full` does not fit: its row says
+    // so, and the other runs are compared with nothing.
+    const int64_t need =
+        int64_t(T) + int64_t(req.suffix.size()) + std::max(0, cfg.decode.max_new_tokens - 1);
+    const bool ref_fits = need <= s.model->config().n_ctx_train;
     MethodResult ref;
     for (size_t vi = 0; vi < variants.size(); ++vi) {
         const MethodVariant& v = variants[vi];
+        if (vi == 0 && !ref_fits) {
+            nlohmann::json row;
+            row["context_tokens"] = T;
+            row["suffix_tokens"] = int(req.suffix.size());
+            row["method"] = v.label;
+            row["reference"] = true;
+            row["does_not_fit"] = true;
+            // The fields every row carries, empty: nothing ran.
+            row["answer"] = "";
+            row["answer_ids"] = nlohmann::json::array();
+            put_comparison(row, MethodResult(), RunComparison());
+            std::printf("[case] T %d: full does not fit (%lld positions > %d of the model)\n", T,
+                        static_cast<long long>(need), s.model->config().n_ctx_train);
+            rows.push_back(row);
+            if (row_log) row_log->append(row);
+            continue;
+        }
         const MethodResult r = run_method(*s.model, req, variant_config(cfg, v), tok.stop_ids());
         if (vi == 0) ref = r;  // variants[0] is full
         CaseRun run;
         run.index = vi;
         run.variant = &v;
         run.result = &r;
-        run.cmp = compare_runs(ref, r, T);
+        if (ref_fits) {
+            run.cmp = compare_runs(ref, r, T);
+        } else {
+            run.cmp.top1_id =
+                r.first_logits.empty()
+                    ? -1
+                    : int(std::max_element(r.first_logits.begin(), r.first_logits.end()) -
+                          r.first_logits.begin());
+            run.cmp.selected_fraction = T ? double(r.selected_positions.size()) / T : 0.0;
+        }
         run.answer = tok.decode(r.answer);
         nlohmann::json row;
         row["context_tokens"] = T;

@@ -24,6 +24,9 @@ nlohmann::json run_niah(const Config& cfg, Session& s);
 nlohmann::json run_eval(const Config& cfg, Session& s);
 // job = "cache-build": prefills every document once into the KV store (store.path).
 nlohmann::json run_cache_build(const Config& cfg, Session& s);
+// job = "reform-heads": ranks the model's (layer, head, q|k|v) states as REFORM retrieval
+// embeddings on synthetic tasks and writes the best as a config snippet (reform_heads.cpp).
+nlohmann::json run_reform_heads(const Config& cfg, Session& s);
 
 // True when `answer` contains the non-empty `reference`, ignoring case (request.reference).
 bool answer_matches(const std::string& answer, const std::string& reference);

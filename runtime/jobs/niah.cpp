@@ -20,6 +20,7 @@
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/qa_metrics.h"
 #include "runtime/jobs/session.h"
+#include "runtime/method/reform.h"
 
 namespace infoflow {
 namespace {
@@ -71,10 +72,17 @@ std::vector<std::string> filler_paragraphs(const Config::NiahSection& nc,
 void check_lengths(const Config& cfg, const Session& s, int prefix_tokens, int suffix_tokens) {
     const Config::NiahSection& nc = cfg.niah;
     const int n_ctx = s.model->config().n_ctx_train;
+    bool long_only = true;
+    for (Config::Method m : nc.methods) {
+        long_only = long_only && (m == Config::Method::full || is_long_context_method(m));
+    }
     for (int L : nc.lengths) {
         IF_CHECK(L > prefix_tokens + 2 * int(s.tok().encode(nc.needle).size()),
                  "niah.lengths: " << L << " tokens is too short for the prompt prefix ("
                                   << prefix_tokens << " tokens) and the needle");
+        // Only reform, h2o and streamingllm read beyond the window; `full` then reports
+        // "does not fit" (run_case).
+        if (long_only) continue;
         IF_CHECK(L + suffix_tokens + cfg.decode.max_new_tokens <= n_ctx,
                  "niah.lengths: " << L << " context tokens + suffix " << suffix_tokens
                                   << " + decode.max_new_tokens " << cfg.decode.max_new_tokens
@@ -183,16 +191,20 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
     for (const auto& v : variants) {
         const LabelStats& st = stats[v.label];
         const double n = std::max(1, st.runs);
-        json& row = summary.add(v, st, {fmt("%.3f", st.correct / n)}, {fmt("%.3f", st.needle / n)});
+        const std::string acc = st.runs == 0 && v.method == Config::Method::full
+                                    ? std::string("does not fit")
+                                    : fmt("%.3f", st.correct / n);
+        json& row = summary.add(v, st, {acc}, {fmt("%.3f", st.needle / n)});
         row["runs"] = st.runs;
         row["accuracy"] = st.correct / n;
         row["mean_needle_recall"] = st.needle / n;
     }
-    json out = finish_report("niah", cfg, s, t_start, std::move(rows), std::move(summary),
-                             summary_header("runs", {"accuracy"}, {"needle sel"}),
-                             {"length_target", "context_tokens", "depth", "actual_depth", "method",
-                              "reference", "correct", "top1_agree", "kl", "exact_match",
-                              "selected_fraction", "needle_recall", "ttft_ms", "answer", "phases"});
+    json out =
+        finish_report("niah", cfg, s, t_start, std::move(rows), std::move(summary),
+                      summary_header("runs", {"accuracy"}, {"needle sel"}),
+                      {"length_target", "context_tokens", "depth", "actual_depth", "method",
+                       "reference", "does_not_fit", "correct", "top1_agree", "kl", "exact_match",
+                       "selected_fraction", "needle_recall", "ttft_ms", "answer", "phases"});
     out["filler"] = filler_name;
     out["prefix_tokens"] = prefix_tokens;
     return out;

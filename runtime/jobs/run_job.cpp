@@ -49,6 +49,9 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
         case Config::Job::cache_build:
             result = run_cache_build(cfg, *s);
             break;
+        case Config::Job::reform_heads:
+            result = run_reform_heads(cfg, *s);
+            break;
         default:
             // check_implemented rejects planned jobs at start-up; this is the backstop.
             IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not implemented yet");

@@ -16,6 +16,7 @@
 #include "runtime/method/phases.h"
 #include "runtime/method/placement.h"
 #include "runtime/method/recompute.h"
+#include "runtime/method/reform.h"
 #include "runtime/method/scoring.h"
 #include "runtime/method/selection.h"
 
@@ -227,6 +228,8 @@ std::vector<int32_t> scoring_rows(const PreparedRequest& req, Config::Query quer
 
 MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
                         const std::vector<int32_t>& stop_ids) {
+    // reform, h2o, streamingllm read contexts longer than the model's window (reform.h).
+    if (is_long_context_method(cfg.method.name)) return run_long_context(model, req, cfg, stop_ids);
     MethodResult r = start_result(model, req, cfg, 1);
     if (cfg.method.name == Config::Method::full) return run_full(model, req, cfg, stop_ids, r);
     check_recompute_method(cfg, "single-rank");

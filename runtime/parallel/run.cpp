@@ -1,7 +1,9 @@
 #include "runtime/parallel/run.h"
 
+#include "runtime/method/reform.h"
 #include "runtime/parallel/ring.h"
 #include "runtime/parallel/sp_pipeline.h"
+#include "runtime/parallel/sp_reform.h"
 
 namespace infoflow {
 
@@ -14,8 +16,10 @@ MethodResult run_request(Model& model, const PreparedRequest& req, const Config&
         gather_phases(comm, r);
         return r;
     }
-    if (m == Config::Method::full) {
-        // The single-rank reference inside a distributed job: rank 0 computes, the others wait.
+    if (m == Config::Method::reform) return run_reform_sp(model, req, cfg, comm, stop_ids);
+    if (m == Config::Method::full || is_long_context_method(m)) {
+        // The single-rank reference (and h2o / streamingllm, which have no distributed form)
+        // inside a distributed job: rank 0 computes, the others wait.
         MethodResult r;
         if (comm.rank() == 0) r = run_method(model, req, cfg, stop_ids);
         std::vector<int32_t> answer_len{int32_t(r.answer.size())};

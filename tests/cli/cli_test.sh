@@ -13,7 +13,7 @@
 #       demo       - configs/demo.toml's default question is answered correctly (its
 #                    request.reference) by `full` on 1 rank and `infoflow` on 2 ranks, the run
 #                    prints the reference with "match" and progress lines (phases, tok/s)
-#       planned    - planned features (reform, bf16) stop
+#       planned    - planned features (bf16) stop
 #                    at start-up with "not implemented yet", before any model is loaded
 #       version    - --version prints the version, a commit and the build features
 #       schema     - answer (1 and 2 ranks), niah, eval and bench-ttft results validate against
@@ -137,7 +137,7 @@ for path, method, ranks in [(sys.argv[1], "full", 1), (sys.argv[2], "infoflow", 
 PY
     ;;
 planned)
-    for set in method.name=reform model.dtype=bf16; do
+    for set in model.dtype=bf16; do
         start=$(date +%s%N)
         if "$bin" --config configs/demo.toml --set "$set" > "$tmp/out.txt" 2>&1; then
             fail "--set $set was accepted"

@@ -98,6 +98,18 @@ metric = "k"
 [epic]
 mode = "fixed"
 k = 8
+[reform]
+chunk_size = 512
+budget = 1000
+recent = 64
+sink = 2
+heads = [[10, 3, "k"], [2, 0, "q"]]
+pool = 33
+gather = 500
+keep_ends = 16
+tasks = 2
+task_tokens = 512
+top = 5
 [parallel]
 comm = "nccl"
 exchange = "exact"
@@ -383,14 +395,15 @@ TEST_CASE("out-of-range values and bad enum names", "[cpu][config]") {
 
     CHECK(error_of([] { parse("\n[method]\nname = \"infoflw\"\n"); }) ==
           "method.name at x.toml:3: 'infoflw' is not one of "
-          "full|none|infoflow|cacheblend|epic|ring|reform");
+          "full|none|infoflow|cacheblend|epic|ring|reform|h2o|streamingllm");
     CHECK(error_of([] { parse("job = \"bench\"\n"); }) ==
-          "job at x.toml:1: 'bench' is not one of answer|niah|eval|bench-ttft|cache-build");
+          "job at x.toml:1: 'bench' is not one of answer|niah|eval|bench-ttft|cache-build|"
+          "reform-heads");
     CHECK(error_of([] { parse("[scoring]\nlayout = \"hl_tp\"\n"); }) ==
           "scoring.layout at x.toml:2: 'hl_tp' is not one of global|hl-tp|hl-hp|tl-tp");
     CHECK(error_of([] { parse("[niah]\nmethods = [\"full\", \"fast\"]\n"); }) ==
           "niah.methods[1] at x.toml:2: 'fast' is not one of "
-          "full|none|infoflow|cacheblend|epic|ring|reform");
+          "full|none|infoflow|cacheblend|epic|ring|reform|h2o|streamingllm");
     CHECK(error_of([] { parse("[request]\ndocuments_file = \"docs.csv\"\n"); }) ==
           "request.documents_file at x.toml:2: 'docs.csv' must be a .jsonl or .txt file, or a "
           "folder of .txt files ending in '/'");
@@ -467,7 +480,7 @@ TEST_CASE("errors in a --set name the --set key", "[cpu][config]") {
           "--set method.ratio: must be in [0, 1], got 2");
     CHECK(error_of([] { parse("", {"method.name=infoflw"}); }) ==
           "--set method.name: 'infoflw' is not one of full|none|infoflow|cacheblend|epic|ring|"
-          "reform");
+          "reform|h2o|streamingllm");
     CHECK(error_of([] { parse("", {"method.rato=0.3"}); }) ==
           "unknown key 'method.rato' in --set method.rato=0.3 (did you mean 'method.ratio'?)");
     CHECK(error_of([] { parse("", {"method.ratio"}); }) ==
@@ -479,7 +492,7 @@ TEST_CASE("errors in a --set name the --set key", "[cpu][config]") {
           "--set scoring.layers[1]: must be >= 0, got -2");
     CHECK(error_of([] { parse("", {"niah.methods=[full, fast]"}); }) ==
           "--set niah.methods[1]: 'fast' is not one of full|none|infoflow|cacheblend|epic|ring|"
-          "reform");
+          "reform|h2o|streamingllm");
     CHECK(error_of([] { parse("", {"method=full"}); }).rfind("unknown key 'method'", 0) == 0);
     // A failed apply_overrides leaves the config unchanged.
     Config c;
@@ -658,9 +671,7 @@ TEST_CASE("command line", "[cpu][config]") {
 TEST_CASE("planned features are rejected on the command line", "[cpu][config]") {
     // The loader accepts them (configs round-trip); the command line refuses to run them.
     const std::vector<std::pair<std::string, std::string>> cases = {
-        {"method.name=reform", "method.name = \"reform\""},
         {"model.dtype=bf16", "model.dtype = \"bf16\""},
-        {"niah.methods=[full,reform]", "niah.methods"},
     };
     for (const auto& c : cases) {
         const std::string& set = c.first;  // not a structured binding: the lambda captures it
