@@ -6,7 +6,8 @@
 #   launch/test-sanitizers.sh --configure-only
 # Environment: INFOFLOW_SAN_BUILD_DIR (default build-san/), INFOFLOW_JOBS (default nproc),
 # INFOFLOW_FUZZ_SECONDS (per target, default 30; 0 skips fuzzing), INFOFLOW_SAN_TESTS (a CTest
-# -R regex to run a subset; default all tests except the GPU ones), INFOFLOW_SAN_TARGETS (a
+# -R regex to run a subset; default all tests except the GPU ones), INFOFLOW_SAN_LABEL (a CTest
+# label, e.g. cpu: only the tests carrying it), INFOFLOW_SAN_TARGETS (a
 # space-separated list of test executables: build only those and the fuzz targets, and run each
 # of those executables directly instead of the CTest suite).
 set -euo pipefail
@@ -47,6 +48,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
             echo "[sanitizers] $t"
             "./$t" --use-colour no
         done
+    elif [ -n "${INFOFLOW_SAN_LABEL:-}" ]; then
+        ctest --output-on-failure -j "${INFOFLOW_TEST_JOBS:-2}" -L "$INFOFLOW_SAN_LABEL" -LE gpu
     elif [ -n "${INFOFLOW_SAN_TESTS:-}" ]; then
         ctest --output-on-failure -j "${INFOFLOW_TEST_JOBS:-2}" -LE gpu -R "$INFOFLOW_SAN_TESTS"
     else
