@@ -1,5 +1,5 @@
-// Jobs (docs/design.md §9): each reads the effective config, runs, prints a human summary on rank 0 and
-// returns its machine-readable result.
+// Jobs (docs/design.md §9): each reads the effective config, runs, prints a human summary on rank 0
+// and returns its machine-readable result.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -22,6 +22,9 @@ nlohmann::json run_bench_ttft(const Config& cfg, Session& s);
 nlohmann::json run_niah(const Config& cfg, Session& s);
 // job = "eval": LongBench-style QA F1 of method.name and `full` over eval.data_file; CSV as niah.
 nlohmann::json run_eval(const Config& cfg, Session& s);
+// job = "sweep": config points x generated cases, each point scored by teacher-forced fidelity to
+// `full` and by answer accuracy, with bootstrap intervals and paired comparisons (docs/quality.md).
+nlohmann::json run_sweep(const Config& cfg, Session& s);
 // job = "cache-build": prefills every document once into the KV store (store.path).
 nlohmann::json run_cache_build(const Config& cfg, Session& s);
 

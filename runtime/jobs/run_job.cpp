@@ -26,7 +26,8 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     std::unique_ptr<Session> s = open_session(cfg, comm.local_rank());
     progress::phase_end("load", s->load_ms);
     s->comm = &comm;
-    // Every rank must have loaded the same model: weights, shapes and tokenizer (docs/design.md §11).
+    // Every rank must have loaded the same model: weights, shapes and tokenizer (docs/design.md
+    // §11).
     check_same_model(
         comm,
         s->weights->fingerprint + (s->tokenizer ? "-" + hex64(s->tokenizer->fingerprint()) : ""),
@@ -48,6 +49,9 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
             break;
         case Config::Job::cache_build:
             result = run_cache_build(cfg, *s);
+            break;
+        case Config::Job::sweep:
+            result = run_sweep(cfg, *s);
             break;
         default:
             // check_implemented rejects planned jobs at start-up; this is the backstop.
