@@ -1,5 +1,5 @@
-// The run configuration of infoflow_sp (docs/design.md §9): one typed field per TOML key, loaded
-// from a config file plus `--set section.key=value` overrides, validated once here (types, ranges,
+// The run configuration of infoflow_sp (docs/design.md §9): one typed field per TOML key, loaded from a
+// config file plus `--set section.key=value` overrides, validated once here (types, ranges,
 // enum names, unknown keys with a "did you mean" hint), every error naming the key and
 // FILE:LINE (or the `--set` argument). The effective config has a canonical JSON form
 // (`to_json`, every key) and a hash of it, compared across ranks at start-up (docs/design.md §11).
@@ -85,8 +85,7 @@ struct Config {
         Query query = Query::question;
         Aggregate aggregate = Aggregate::norm;
         Layout layout = Layout::global;
-        std::vector<int>
-            layers;  // empty = the model rule of docs/design.md §3.3 (resolve_scoring_layers)
+        std::vector<int> layers;  // empty = the model rule of docs/design.md §3.3 (resolve_scoring_layers)
         Softmax softmax = Softmax::global;
         int block = 512;  // row/column block of the scoring pass, > 0
     };
@@ -267,8 +266,8 @@ struct ConfigKeyInfo {
 // Every key in config_keys() order.
 std::vector<ConfigKeyInfo> config_key_info();
 
-// Scoring layers for a model of `n_layer` layers (docs/design.md §3.3): `layers` when non-empty
-// (each must be < n_layer, else an error naming scoring.layers); otherwise [22, 23, 24, 25] when
+// Scoring layers for a model of `n_layer` layers (docs/design.md §3.3): `layers` when non-empty (each
+// must be < n_layer, else an error naming scoring.layers); otherwise [22, 23, 24, 25] when
 // n_layer >= 26, else the four layers ending at round(0.8 * n_layer), clamped to the model.
 std::vector<int> resolve_scoring_layers(const std::vector<int>& layers, int n_layer);
 

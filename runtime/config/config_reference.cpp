@@ -49,8 +49,7 @@ const std::map<std::string, std::string>& descriptions() {
          "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
          "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
         {"model.backend",
-         "compute backend; `cuda`: bf16 weights, cuBLAS and FlashInfer on the rank's GPU (built, "
-         "not "
+         "compute backend; `cuda`: bf16 weights, cuBLAS and FlashInfer on the rank's GPU (built, not "
          "yet run on a GPU)"},
         {"model.check_finite",
          "reject NaN/Inf in any loaded tensor of a model file, naming the tensor"},

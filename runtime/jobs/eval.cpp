@@ -1,5 +1,5 @@
-// job = "eval": LongBench-style QA over a JSONL file (docs/design.md §9). Each sample's `context`
-// is split into passages (the request's documents), its `input` is the question, the instruction is
+// job = "eval": LongBench-style QA over a JSONL file (docs/design.md §9). Each sample's `context` is
+// split into passages (the request's documents), its `input` is the question, the instruction is
 // LongBench's (request.template = longbench, the paper's); `full` runs first as the reference,
 // then method.name. Answers are scored with LongBench's QA F1 (best over `answers`); rows also
 // carry first-token agreement and KL against `full`. A sample longer than the model's positions

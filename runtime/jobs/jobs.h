@@ -1,5 +1,5 @@
-// Jobs (docs/design.md §9): each reads the effective config, runs, prints a human summary on rank 0
-// and returns its machine-readable result.
+// Jobs (docs/design.md §9): each reads the effective config, runs, prints a human summary on rank 0 and
+// returns its machine-readable result.
 #pragma once
 
 #include <nlohmann/json.hpp>

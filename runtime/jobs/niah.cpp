@@ -1,5 +1,5 @@
-// job = "niah": passkey-style needle in a haystack (docs/design.md §9). For every length × depth
-// the haystack (haystack.h) becomes one request; `full` runs first as the reference, then every
+// job = "niah": passkey-style needle in a haystack (docs/design.md §9). For every length × depth the
+// haystack (haystack.h) becomes one request; `full` runs first as the reference, then every
 // method variant (job_report.h) on the same tokens. A row per length × depth × variant records
 // correctness (the answer contains niah.answer), first-token top-1 agreement and KL against
 // `full`, greedy exact match with `full`, the selected fraction, the share of the needle's

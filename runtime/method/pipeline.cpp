@@ -1,7 +1,7 @@
 // The single-rank pipeline, the oracle of every distributed mode: `run_method` is the driver,
-// reading as the phases of docs/design.md §3 (chunk prefill, optional reorder, scoring and
-// selection, selective recompute, the answer); each phase is one function below, and the driver
-// alone keeps the phase clock.
+// reading as the phases of docs/design.md §3 (chunk prefill, optional reorder, scoring and selection,
+// selective recompute, the answer); each phase is one function below, and the driver alone
+// keeps the phase clock.
 #include "runtime/method/pipeline.h"
 
 #include <algorithm>
