@@ -67,7 +67,7 @@ def bootstrap(x):
 def paired(a, b):
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     n, m, lo, hi = bootstrap(d)
-    return (n, m, lo, hi, n > 0 and (lo > 0 or hi < 0))
+    return (n, m, lo, hi, n >= 2 and (lo > 0 or hi < 0))
 
 
 def fmt_iv(iv, f="%.3f"):

@@ -88,7 +88,8 @@ PairedComparison paired_comparison(const std::vector<double>& a, const std::vect
     for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
     PairedComparison p;
     p.diff = bootstrap_mean(d, resamples, seed);
-    p.significant = p.diff.n > 0 && (p.diff.lo > 0.0 || p.diff.hi < 0.0);
+    // One case has no spread to resample: never significant.
+    p.significant = p.diff.n >= 2 && (p.diff.lo > 0.0 || p.diff.hi < 0.0);
     return p;
 }
 

@@ -33,7 +33,7 @@ Interval bootstrap_mean(const std::vector<double>& x, int resamples = k_bootstra
 // A vs B on the same cases: d_i = a_i - b_i (a and b must have equal sizes).
 struct PairedComparison {
     Interval diff;             // mean of d and its bootstrap interval
-    bool significant = false;  // the interval excludes 0
+    bool significant = false;  // n >= 2 and the interval excludes 0
     // "+0.052 [+0.010, +0.094]" or "... (not significant)".
     std::string str(const char* format = "%+.3f") const;
     nlohmann::json json() const;  // {"n", "mean_diff", "lo", "hi", "significant"}

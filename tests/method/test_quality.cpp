@@ -105,6 +105,8 @@ TEST_CASE("paired comparison on hand-made data", "[quality][stats]") {
     CHECK(c.significant);
     const PairedComparison z = paired_comparison({0.3, 0.2}, {0.3, 0.2});
     CHECK((z.diff.mean == 0.0 && !z.significant));
+    // One case: a point, but never significant.
+    CHECK(!paired_comparison({1.0}, {0.0}).significant);
     CHECK_THROWS_WITH(paired_comparison({1, 2}, {1}),
                       Catch::Contains("the cases must be the same"));
 }
