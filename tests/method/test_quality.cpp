@@ -2,6 +2,7 @@
 // computations, teacher-forced fidelity against a plain full forward pass, KL of `full` against
 // itself and of ratio-1.0 InfoFlow against `full`, the first-token log-prob file, the case
 // generator, and job `sweep` end to end on the real SmolLM2 model.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
@@ -288,8 +289,8 @@ TEST_CASE("sweep end to end on SmolLM2: full is exact, ratio 1 is exact, none is
     CHECK(sum[0]["correct"]["n"] == 2);
     CHECK(sum[1]["mean_kl"]["hi"].get<double>() < 1e-4);
     CHECK(sum[3]["correct_vs_full"]["mean_diff"].get<double>() == 0.0);
-    CHECK(std::count(read_file(cfg.sweep.cases_file).begin(), read_file(cfg.sweep.cases_file).end(),
-                     '\n') == 2);
+    const std::string cases = read_file(cfg.sweep.cases_file);
+    CHECK(std::count(cases.begin(), cases.end(), '\n') == 2);
     // A point may not change what every point shares.
     cfg.sweep.points = {"decode.max_new_tokens=3"};
     CHECK_THROWS_WITH(run_sweep(cfg, *s), Catch::Contains("changes [decode]"));
