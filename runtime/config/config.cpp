@@ -37,7 +37,8 @@ const std::vector<const char*>& names_of();
         return names;                                                \
     }
 
-IF_ENUM_NAMES(Config::Job, "answer", "niah", "eval", "bench-ttft", "cache-build", "reform-heads")
+IF_ENUM_NAMES(Config::Job, "answer", "niah", "eval", "bench-ttft", "cache-build", "reform-heads",
+              "sweep")
 IF_ENUM_NAMES(Config::Backend, "cpu", "cuda")
 IF_ENUM_NAMES(Config::DType, "fp32", "bf16", "fp16")
 IF_ENUM_NAMES(Config::Template, "qa", "longbench", "raw")
@@ -516,6 +517,10 @@ void check_non_empty(const Ctx& x, const std::string& v) {
     if (v.empty()) x.fail("must not be empty");
 }
 
+void check_sweep_reference(const Ctx& x, const std::string& v) {
+    if (v != "full" && v != "gold") x.fail("'" + v + "' is not one of full|gold");
+}
+
 const std::vector<Field>& fields() {
     using C = Config;
     static const std::vector<Field> table = [] {
@@ -633,6 +638,20 @@ const std::vector<Field>& fields() {
         f.push_back(float_field("bench.link_alpha_us", bench, &B::link_alpha_us, 0.0));
         f.push_back(float_field("bench.link_beta_gbs", bench, &B::link_beta_gbs, 0.001));
 
+        const auto sw = &C::sweep;
+        using Sw = C::SweepSection;
+        f.push_back(string_field("sweep.key", sw, &Sw::key));
+        f.push_back(string_array_field("sweep.values", sw, &Sw::values, true));
+        f.push_back(string_array_field("sweep.points", sw, &Sw::points, true));
+        f.push_back(string_field("sweep.reference", sw, &Sw::reference, check_sweep_reference));
+        f.push_back(int_field("sweep.cases", sw, &Sw::cases, 1));
+        f.push_back(string_array_field("sweep.kinds", sw, &Sw::kinds, true));
+        f.push_back(int_field("sweep.context_tokens", sw, &Sw::context_tokens, 1));
+        f.push_back(int_field("sweep.documents", sw, &Sw::documents, 2));
+        f.push_back(int_field("sweep.seed", sw, &Sw::seed, 0, std::numeric_limits<int64_t>::max()));
+        f.push_back(bool_field("sweep.full_correct_only", sw, &Sw::full_correct_only));
+        f.push_back(string_field("sweep.cases_file", sw, &Sw::cases_file));
+
         const auto store = &C::store;
         using St = C::StoreSection;
         f.push_back(string_field("store.path", store, &St::path));
@@ -643,6 +662,7 @@ const std::vector<Field>& fields() {
         f.push_back(string_field("output.path", &C::output, &C::OutputSection::path));
         f.push_back(string_field("output.csv", &C::output, &C::OutputSection::csv));
         f.push_back(string_field("output.name", &C::output, &C::OutputSection::name));
+        f.push_back(string_field("output.logits_file", &C::output, &C::OutputSection::logits_file));
         return f;
     }();
     return table;

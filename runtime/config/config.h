@@ -26,7 +26,7 @@ namespace infoflow {
 struct Config {
     // Enum-valued keys. Their TOML spellings are the `to_string` names below
     // ("bench-ttft", "hl-tp", "auto", ...).
-    enum class Job { answer, niah, eval, bench_ttft, cache_build, reform_heads };
+    enum class Job { answer, niah, eval, bench_ttft, cache_build, reform_heads, sweep };
     enum class Backend { cpu, cuda };
     enum class DType { fp32, bf16, fp16 };
     enum class Template { qa, longbench, raw };  // instruction template (request.template)
@@ -163,8 +163,25 @@ struct Config {
         double link_alpha_us = 10.0;   // alpha-beta model of a link (comm/comm_model.h)
         double link_beta_gbs = 370.0;  // GB/s per direction
     };
-    // The document KV store (docs/design.md §8; layout in docs/store.md). Replaces the former [cache]
-    // section (cache.path, cache.build_from), which is no longer accepted.
+    // Job `sweep` (docs/quality.md): points (config overrides) x generated cases, every point
+    // scored by teacher-forced fidelity to `full` and by answer accuracy, with intervals.
+    struct SweepSection {
+        std::string key;                  // the key one point each of `values` sets; "" = none
+        std::vector<std::string> values;  // TOML value texts for sweep.key
+        std::vector<std::string> points;  // more points: "key=value; key=value"
+        std::string reference = "full";   // teacher-forced reference: "full" | "gold"
+        int cases = 100;                  // generated cases, >= 1
+        std::vector<std::string> kinds = {"niah", "facts"};  // niah | facts | multihop
+        int context_tokens = 600;  // approximate context tokens of a case, > 0
+        int documents = 6;         // documents (chunks) per case, >= 2
+        uint64_t seed = 0;
+        // Keep only cases `full` answers correctly (more are generated until `cases` are kept,
+        // at most 4 x cases tries).
+        bool full_correct_only = false;
+        std::string cases_file;  // also write the cases as eval JSONL; "" = no
+    };
+    // The document KV store (docs/design.md §8; layout in docs/store.md). Replaces the former
+    // [cache] section (cache.path, cache.build_from), which is no longer accepted.
     struct StoreSection {
         std::string path;  // HDF5 index file; empty = no store
         StoreMode mode = StoreMode::read;
@@ -177,6 +194,9 @@ struct Config {
         // File stem of the results under `--results-dir DIR` (DIR/NAME.json and its CSV twin);
         // empty = the config file's name without its extension.
         std::string name;
+        // job `answer`: the full-vocabulary first-token log-probs as raw float32
+        // (docs/results-schema.md)
+        std::string logits_file;
     };
 
     Job job = Job::answer;
@@ -194,6 +214,7 @@ struct Config {
     NiahSection niah;
     EvalSection eval;
     BenchSection bench;
+    SweepSection sweep;
     StoreSection store;
     OutputSection output;
 

@@ -31,6 +31,7 @@ const std::map<std::string, std::string>& section_titles() {
         {"niah", "[niah] (job `niah`)"},
         {"eval", "[eval] (job `eval`)"},
         {"bench", "[bench] (job `bench-ttft`)"},
+        {"sweep", "[sweep] (job `sweep`, docs/quality.md)"},
         {"store", "[store] (document KV store, docs/store.md)"},
         {"output", "[output]"},
     };
@@ -43,8 +44,9 @@ const std::map<std::string, std::string>& descriptions() {
         {"job",
          "what runs: one request (`answer`), a needle-in-a-haystack sweep (`niah`), a "
          "LongBench-format QA evaluation (`eval`), the TTFT table (`bench-ttft`), or prefill "
-         "documents once into the KV store (`cache-build`, needs `store.path`), or rank the "
-         "retrieval heads of REFORM on synthetic tasks (`reform-heads`)"},
+         "documents once into the KV store (`cache-build`, needs `store.path`), rank the "
+         "retrieval heads of REFORM on synthetic tasks (`reform-heads`), or run a quality "
+         "sweep over config points on generated cases (`sweep`, docs/quality.md)"},
         {"model.path",
          "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
          "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
@@ -173,6 +175,26 @@ const std::map<std::string, std::string>& descriptions() {
          "latency of one message step in the emulated timing mode, microseconds (NVLink: 10)"},
         {"bench.link_beta_gbs",
          "bandwidth of one link, one direction, in the emulated timing mode, GB/s (NVLink: 370)"},
+        {"sweep.key",
+         "the config key each of `sweep.values` sets, one point per value (e.g. "
+         "`scoring.layers`); empty = only `sweep.points`"},
+        {"sweep.values", "TOML value texts for `sweep.key`, e.g. `[\"[3]\", \"[4]\"]`"},
+        {"sweep.points",
+         "more points, each `key=value` overrides separated by `;`, e.g. "
+         "`method.name=epic; method.ratio=0.3`"},
+        {"sweep.reference",
+         "continuation scored by teacher forcing: `full` (its greedy answer) or `gold` (the "
+         "case's answer)"},
+        {"sweep.cases", "cases generated (kept, with `sweep.full_correct_only`)"},
+        {"sweep.kinds",
+         "case kinds, drawn in turn: `niah` (passkey), `facts` (one fact among distractor "
+         "documents), `multihop` (two linked facts in two documents)"},
+        {"sweep.context_tokens", "approximate context tokens of a case (filler included)"},
+        {"sweep.documents", "documents (chunks) per case"},
+        {"sweep.seed", "seed of the case generator"},
+        {"sweep.full_correct_only",
+         "keep only cases `full` answers correctly (at most 4 x `sweep.cases` are tried)"},
+        {"sweep.cases_file", "also write the cases as `eval` JSONL; empty = no"},
         {"store.path",
          "HDF5 index file of the document KV store; written by `cache-build`, read by `answer` "
          "/ `niah` / `eval` / `bench-ttft` when set; empty = no store (replaces the former "
@@ -187,6 +209,9 @@ const std::map<std::string, std::string>& descriptions() {
         {"output.name",
          "file name (without extension) of the results written by `--results-dir`; empty = the "
          "config file's name"},
+        {"output.logits_file",
+         "job `answer`: write the first answer token's log-probs over the whole vocabulary "
+         "(raw little-endian float32, docs/results-schema.md); empty = no file"},
     };
     return d;
 }

@@ -6,6 +6,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/core/progress.h"
+#include "runtime/jobs/fidelity.h"
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/session.h"
 #include "runtime/model/sampling.h"
@@ -148,6 +149,12 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
     }
     std::fflush(stdout);
     nlohmann::json j = method_result_json(r, s, cfg, r.ranks);
+    if (!cfg.output.logits_file.empty()) {
+        write_logprobs_file(cfg.output.logits_file, r.first_logits);
+        j["first_token_logprobs_full_vocab_file"] = cfg.output.logits_file;
+        std::printf("logits     : %s (%zu float32 log-probs)\n", cfg.output.logits_file.c_str(),
+                    r.first_logits.size());
+    }
     j["reference"] = ref.empty()
                          ? nlohmann::json(nullptr)
                          : nlohmann::json{{"text", ref}, {"match", answer_matches(answer, ref)}};

@@ -18,6 +18,7 @@
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/qa_metrics.h"
 #include "runtime/jobs/session.h"
+#include "runtime/jobs/stats.h"
 
 namespace infoflow {
 namespace {
@@ -26,6 +27,7 @@ using json = nlohmann::json;
 
 struct LabelStats : RunTotals {
     double f1 = 0.0;
+    std::vector<double> f1_values;  // per sample, in sample order
 };
 
 // Drops passages from the middle until the counted tokens fit `budget`; returns how many went.
@@ -164,6 +166,7 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
             LabelStats& st = stats[run.variant->label];
             st.add(*run.result, run.cmp);
             st.f1 += f1;
+            st.f1_values.push_back(f1);
             ++done;
             sweep.step();
             std::printf(
@@ -181,16 +184,25 @@ nlohmann::json run_eval(const Config& cfg_in, Session& s) {
     for (const auto& v : variants) {
         const LabelStats& st = stats[v.label];
         const double n = std::max(1, st.runs);
-        json& row = summary.add(v, st, {fmt("%.2f", 100.0 * st.f1 / n)}, {});
+        const Interval f1 = bootstrap_mean(st.f1_values);
+        const PairedComparison vs_full =
+            paired_comparison(st.f1_values, stats[variants[0].label].f1_values);
+        json& row = summary.add(v, st,
+                                {fmt("%.2f", 100.0 * f1.mean) + " [" + fmt("%.2f", 100.0 * f1.lo) +
+                                 ", " + fmt("%.2f", 100.0 * f1.hi) + "]"},
+                                {v.method == Config::Method::full ? "-" : vs_full.str("%+.3f")});
+        row["mean_f1_ci"] = f1.json();
+        row["f1_vs_full"] = vs_full.json();
         row["samples"] = st.runs;
         row["mean_f1"] = st.f1 / n;
         row["score"] = 100.0 * st.f1 / n;
     }
-    json out = finish_report("eval", cfg, s, t_start, std::move(rows), std::move(summary),
-                             summary_header("samples", {"F1 x100"}, {}),
-                             {"index", "id", "context_tokens", "passages_dropped", "method",
-                              "reference", "f1", "top1_agree", "kl", "exact_match",
-                              "selected_fraction", "ttft_ms", "answer", "answers", "phases"});
+    json out =
+        finish_report("eval", cfg, s, t_start, std::move(rows), std::move(summary),
+                      summary_header("samples", {"F1 x100 [95% CI]"}, {"F1 - full [95% CI]"}),
+                      {"index", "id", "context_tokens", "passages_dropped", "method", "reference",
+                       "f1", "top1_agree", "kl", "exact_match", "selected_fraction", "ttft_ms",
+                       "answer", "answers", "phases"});
     out["task"] = cfg.eval.task;
     out["metric"] = "qa_f1";
     out["data_file"] = cfg.eval.data_file;

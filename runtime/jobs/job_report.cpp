@@ -11,6 +11,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
 #include "runtime/jobs/qa_metrics.h"
+#include "runtime/jobs/stats.h"
 
 namespace infoflow {
 
@@ -236,6 +237,8 @@ void RunTotals::add(const MethodResult& r, const RunComparison& c) {
     kl += c.kl;
     selected += c.selected_fraction;
     ttft += r.ttft_ms;
+    kl_values.push_back(c.kl);
+    exact_values.push_back(c.exact);
 }
 
 nlohmann::json RunTotals::summary(const std::string& label, bool reference) const {
@@ -246,7 +249,9 @@ nlohmann::json RunTotals::summary(const std::string& label, bool reference) cons
             {"mean_kl", kl / n},
             {"exact_match", exact / n},
             {"mean_selected_fraction", selected / n},
-            {"mean_ttft_ms", ttft / n}};
+            {"mean_ttft_ms", ttft / n},
+            {"mean_kl_ci", bootstrap_mean(kl_values).json()},
+            {"exact_match_ci", bootstrap_mean(exact_values).json()}};
 }
 
 std::string one_line(std::string s) {
@@ -330,8 +335,9 @@ nlohmann::json& JobSummary::add(const MethodVariant& v, const RunTotals& st,
     const bool ref = v.method == Config::Method::full;
     std::vector<std::string> cells = {v.label + (ref ? " (ref)" : ""), std::to_string(st.runs)};
     cells.insert(cells.end(), lead.begin(), lead.end());
-    for (const std::string& x : {fmt("%.3f", st.top1 / n), fmt("%.4f", st.kl / n),
-                                 fmt("%.3f", st.exact / n), fmt("%.3f", st.selected / n)}) {
+    for (const std::string& x :
+         {fmt("%.3f", st.top1 / n), bootstrap_mean(st.kl_values).str("%.4f"),
+          bootstrap_mean(st.exact_values).str("%.2f"), fmt("%.3f", st.selected / n)}) {
         cells.push_back(x);
     }
     cells.insert(cells.end(), tail.begin(), tail.end());
@@ -346,7 +352,9 @@ std::vector<std::string> summary_header(const std::string& runs,
                                         const std::vector<std::string>& tail) {
     std::vector<std::string> h = {"method", runs};
     h.insert(h.end(), lead.begin(), lead.end());
-    for (const char* x : {"top1 agree", "mean KL", "exact match", "selected"}) h.push_back(x);
+    for (const char* x : {"top1 agree", "mean KL [95% CI]", "exact match [95% CI]", "selected"}) {
+        h.push_back(x);
+    }
     h.insert(h.end(), tail.begin(), tail.end());
     h.push_back("TTFT ms");
     return h;

@@ -58,8 +58,10 @@ void put_comparison(nlohmann::json& row, const MethodResult& r, const RunCompari
 struct RunTotals {
     int runs = 0, top1 = 0, exact = 0;
     double kl = 0.0, selected = 0.0, ttft = 0.0;
+    std::vector<double> kl_values, exact_values;  // per run, in case order (intervals, stats.h)
     void add(const MethodResult& r, const RunComparison& c);
-    // The summary fields every job reports for a method label (means over its runs).
+    // The summary fields every job reports for a method label (means over its runs, and the
+    // 95 % bootstrap intervals of mean KL and exact match: "mean_kl_ci", "exact_match_ci").
     nlohmann::json summary(const std::string& label, bool reference) const;
 };
 

@@ -22,6 +22,9 @@ nlohmann::json run_bench_ttft(const Config& cfg, Session& s);
 nlohmann::json run_niah(const Config& cfg, Session& s);
 // job = "eval": LongBench-style QA F1 of method.name and `full` over eval.data_file; CSV as niah.
 nlohmann::json run_eval(const Config& cfg, Session& s);
+// job = "sweep": config points x generated cases, each point scored by teacher-forced fidelity to
+// `full` and by answer accuracy, with bootstrap intervals and paired comparisons (docs/quality.md).
+nlohmann::json run_sweep(const Config& cfg, Session& s);
 // job = "cache-build": prefills every document once into the KV store (store.path).
 nlohmann::json run_cache_build(const Config& cfg, Session& s);
 // job = "reform-heads": ranks the model's (layer, head, q|k|v) states as REFORM retrieval

@@ -1,5 +1,5 @@
-// job = "niah": passkey-style needle in a haystack (docs/design.md §9). For every length × depth the
-// haystack (haystack.h) becomes one request; `full` runs first as the reference, then every
+// job = "niah": passkey-style needle in a haystack (docs/design.md §9). For every length × depth
+// the haystack (haystack.h) becomes one request; `full` runs first as the reference, then every
 // method variant (job_report.h) on the same tokens. A row per length × depth × variant records
 // correctness (the answer contains niah.answer), first-token top-1 agreement and KL against
 // `full`, greedy exact match with `full`, the selected fraction, the share of the needle's
@@ -20,6 +20,7 @@
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/qa_metrics.h"
 #include "runtime/jobs/session.h"
+#include "runtime/jobs/stats.h"
 #include "runtime/method/reform.h"
 
 namespace infoflow {
@@ -30,6 +31,7 @@ using json = nlohmann::json;
 struct LabelStats : RunTotals {
     int correct = 0;
     double needle = 0.0;
+    std::vector<double> correct_values;  // per case, in case order
 };
 
 // Fraction of the needle's tokens (context positions [begin, end) in the original chunk order)
@@ -172,6 +174,7 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
                 LabelStats& st = stats[v.label];
                 st.add(*run.result, run.cmp);
                 st.correct += correct;
+                st.correct_values.push_back(correct);
                 st.needle += recall;
                 ++done;
                 sweep.step();
@@ -191,20 +194,33 @@ nlohmann::json run_niah(const Config& cfg, Session& s) {
     for (const auto& v : variants) {
         const LabelStats& st = stats[v.label];
         const double n = std::max(1, st.runs);
-        const std::string acc = st.runs == 0 && v.method == Config::Method::full
-                                    ? std::string("does not fit")
-                                    : fmt("%.3f", st.correct / n);
-        json& row = summary.add(v, st, {acc}, {fmt("%.3f", st.needle / n)});
+        const Interval acc = bootstrap_mean(st.correct_values);
+        // Paired on the same cases: this variant's correctness minus full's (not when full
+        // does not fit the model's window and was not run).
+        const std::vector<double>& full_values = stats[variants[0].label].correct_values;
+        const bool full_ran = full_values.size() == st.correct_values.size() &&
+                              !full_values.empty() && variants[0].method == Config::Method::full;
+        const PairedComparison vs_full =
+            full_ran ? paired_comparison(st.correct_values, full_values) : PairedComparison{};
+        const std::string acc_text = st.runs == 0 && v.method == Config::Method::full
+                                         ? std::string("does not fit")
+                                         : acc.str("%.2f");
+        json& row = summary.add(
+            v, st, {acc_text},
+            {fmt("%.3f", st.needle / n),
+             v.method == Config::Method::full || !full_ran ? "-" : vs_full.str("%+.2f")});
         row["runs"] = st.runs;
         row["accuracy"] = st.correct / n;
+        row["accuracy_ci"] = acc.json();
+        row["accuracy_vs_full"] = vs_full.json();
         row["mean_needle_recall"] = st.needle / n;
     }
-    json out =
-        finish_report("niah", cfg, s, t_start, std::move(rows), std::move(summary),
-                      summary_header("runs", {"accuracy"}, {"needle sel"}),
-                      {"length_target", "context_tokens", "depth", "actual_depth", "method",
-                       "reference", "does_not_fit", "correct", "top1_agree", "kl", "exact_match",
-                       "selected_fraction", "needle_recall", "ttft_ms", "answer", "phases"});
+    json out = finish_report(
+        "niah", cfg, s, t_start, std::move(rows), std::move(summary),
+        summary_header("runs", {"accuracy [95% CI]"}, {"needle sel", "acc - full [95% CI]"}),
+        {"length_target", "context_tokens", "depth", "actual_depth", "method", "reference",
+         "does_not_fit", "correct", "top1_agree", "kl", "exact_match", "selected_fraction",
+         "needle_recall", "ttft_ms", "answer", "phases"});
     out["filler"] = filler_name;
     out["prefix_tokens"] = prefix_tokens;
     return out;

@@ -52,6 +52,9 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
         case Config::Job::reform_heads:
             result = run_reform_heads(cfg, *s);
             break;
+        case Config::Job::sweep:
+            result = run_sweep(cfg, *s);
+            break;
         default:
             // check_implemented rejects planned jobs at start-up; this is the backstop.
             IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not implemented yet");

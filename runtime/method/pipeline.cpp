@@ -1,7 +1,7 @@
 // The single-rank pipeline, the oracle of every distributed mode: `run_method` is the driver,
-// reading as the phases of docs/design.md §3 (chunk prefill, optional reorder, scoring and selection,
-// selective recompute, the answer); each phase is one function below, and the driver alone
-// keeps the phase clock.
+// reading as the phases of docs/design.md §3 (chunk prefill, optional reorder, scoring and
+// selection, selective recompute, the answer); each phase is one function below, and the driver
+// alone keeps the phase clock.
 #include "runtime/method/pipeline.h"
 
 #include <algorithm>
@@ -65,7 +65,7 @@ struct Selection {
 
 // `full`: one exact causal prefill of the whole sequence, then the answer.
 MethodResult run_full(Model& model, const PreparedRequest& req, const Config& cfg,
-                      const std::vector<int32_t>& stop_ids, MethodResult r) {
+                      const std::vector<int32_t>& stop_ids, MethodResult r, const RunHooks& hooks) {
     PhaseClock clock(r.phases);
     KvCache cache =
         model.make_cache(r.context_tokens + r.suffix_tokens + cfg.decode.max_new_tokens);
@@ -76,8 +76,11 @@ MethodResult run_full(Model& model, const PreparedRequest& req, const Config& cf
     clock.mark("prefill");
     r.ttft_ms = sum_ms(r.phases);
     r.chunk_order = identity_order(req.n_chunks());
-    decode_answer(model, cache, generate_options(cfg, stop_ids), r);
-    clock.mark("decode");
+    if (!hooks.before_decode || hooks.before_decode(cache, r)) {
+        decode_answer(model, cache, generate_options(cfg, stop_ids), r);
+        clock.mark("decode");
+        if (hooks.after_decode) hooks.after_decode(cache, r);
+    }
     return r;
 }
 
@@ -228,18 +231,39 @@ std::vector<int32_t> scoring_rows(const PreparedRequest& req, Config::Query quer
 
 MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
                         const std::vector<int32_t>& stop_ids) {
-    // reform, h2o, streamingllm read contexts longer than the model's window (reform.h).
-    if (is_long_context_method(cfg.method.name)) return run_long_context(model, req, cfg, stop_ids);
+    return run_method(model, req, cfg, stop_ids, RunHooks());
+}
+
+MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
+                        const std::vector<int32_t>& stop_ids, const RunHooks& hooks) {
+    // reform, h2o, streamingllm read contexts longer than the model's window (reform.h); they
+    // have no chunk phase to share and no hook points yet.
+    if (is_long_context_method(cfg.method.name)) {
+        IF_CHECK(hooks.chunks == nullptr && !hooks.before_decode && !hooks.after_decode,
+                 "method.name = \"" << to_string(cfg.method.name)
+                                    << "\": shared chunks and decode hooks (job sweep's "
+                                       "fidelity) are not implemented yet for this method");
+        return run_long_context(model, req, cfg, stop_ids);
+    }
     MethodResult r = start_result(model, req, cfg, 1);
-    if (cfg.method.name == Config::Method::full) return run_full(model, req, cfg, stop_ids, r);
+    if (cfg.method.name == Config::Method::full) {
+        return run_full(model, req, cfg, stop_ids, r, hooks);
+    }
     check_recompute_method(cfg, "single-rank");
     PhaseClock clock(r.phases);
 
     // Phase 1: chunk 0 exact, chunks >= 1 with the sink, or loaded from the KV store
     // (store.path) as their own phase.
     ChunkSource source(model, req, cfg);
-    const std::vector<ChunkKv> chunks =
-        prefill_context(model, req, 1, req.n_chunks(), &source, [&] { clock.mark("store_load"); });
+    std::vector<ChunkKv> own;
+    if (!hooks.chunks) {
+        own = prefill_context(model, req, 1, req.n_chunks(), &source,
+                              [&] { clock.mark("store_load"); });
+    }
+    const std::vector<ChunkKv>& chunks = hooks.chunks ? *hooks.chunks : own;
+    IF_CHECK(
+        int(chunks.size()) == req.n_chunks(),
+        "run_method: " << chunks.size() << " prefilled chunks for a request of " << req.n_chunks());
     clock.mark("chunk_prefill");
     r.chunk_order = identity_order(req.n_chunks());
     if (cfg.method.name == Config::Method::infoflow && cfg.method.reorder) {
@@ -260,8 +284,11 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     r.ttft_ms = sum_ms(r.phases);
     GenerateOptions gen = generate_options(cfg, stop_ids);
     if (x.grouped()) gen.group = 0;
+    if (hooks.before_decode && !hooks.before_decode(x.cache, r)) return r;
     decode_answer(model, x.cache, gen, r);
     clock.mark("decode");
+    if (hooks.after_decode) hooks.after_decode(x.cache, r);
+    if (hooks.chunks) return r;        // phase 1 and its store accounting belong to the caller
     save_to_store(source, chunks, r);  // store.mode = "read-write": after the answer
     if (source.uses_store() && cfg.store.mode == Config::StoreMode::read_write) {
         clock.mark("store_write");

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "runtime/config/config.h"
+#include "runtime/method/chunk_kv.h"
 #include "runtime/method/request.h"
 #include "runtime/model/model.h"
 
@@ -46,6 +48,24 @@ struct MethodResult {
 // Runs `cfg.method` on the request. `stop_ids` end generation.
 MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
                         const std::vector<int32_t>& stop_ids);
+
+// What a quality job (runtime/jobs/sweep.cpp) shares across the runs of one request and what it
+// observes of each run.
+struct RunHooks {
+    // Phase 1 done once for the request (chunk i of `req`, as prefill_context returns them, all
+    // chunks held): a recompute method uses these instead of prefilling (and reads no store);
+    // its "chunk_prefill" phase then times nothing. Ignored by `full`.
+    const std::vector<ChunkKv>* chunks = nullptr;
+    // Called after the suffix prefill (r.first_logits set) with the run's cache, whose first
+    // context_tokens + suffix_tokens slots are the finished prompt; it may append slots after
+    // them if it cuts the cache back to the prompt. Returning false skips the decode (the caller
+    // then knows the answer, e.g. from teacher forcing).
+    std::function<bool(KvCache& cache, MethodResult& r)> before_decode;
+    // Called after decode with the run's cache: the prompt, then the decoded tokens.
+    std::function<void(KvCache& cache, MethodResult& r)> after_decode;
+};
+MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
+                        const std::vector<int32_t>& stop_ids, const RunHooks& hooks);
 
 // The scoring rows of a request: question tokens or the whole suffix (scoring.query).
 std::vector<int32_t> scoring_rows(const PreparedRequest& req, Config::Query query);

@@ -164,6 +164,7 @@ schema)
     export INFOFLOW_PROGRESS=0
     "$bin" --config configs/full.toml --set model.threads=2 --set decode.max_new_tokens=4 \
         --set 'request.documents=[]' --set request.question="What is the capital of France?" \
+        --set output.logits_file="$tmp/first.f32" \
         --out "$tmp/answer1.json" > /dev/null || fail "answer on 1 rank"
     "$mpiexec" -n 2 --oversubscribe "$bin" --config configs/demo.toml --set model.threads=1 \
         --set decode.max_new_tokens=4 --out "$tmp/answer2.json" > /dev/null || fail "answer on 2 ranks"
@@ -175,8 +176,26 @@ schema)
     "$mpiexec" -n 2 --oversubscribe "$bin" --config configs/bench-ttft-smollm2.toml \
         --set model.path=random:tiny --set 'bench.lengths=[256]' --set bench.runs=2 \
         --set bench.warmup=0 --set chunking.size=64 --out "$tmp/bench.json" > /dev/null || fail "bench"
+    "$bin" --config configs/quality-methods-smollm2.toml --set sweep.cases=1 \
+        --set 'sweep.kinds=[niah]' --set sweep.documents=2 --set sweep.context_tokens=60 \
+        --set 'sweep.points=["method.name=infoflow"]' --set sweep.full_correct_only=false \
+        --set decode.max_new_tokens=4 --out "$tmp/sweep.json" > /dev/null || fail "sweep"
     python3 "$root/tests/cli/validate_result.py" "$schema" "$tmp"/answer1.json "$tmp"/answer2.json \
-        "$tmp"/niah.json "$tmp"/eval.json "$tmp"/bench.json || exit 1
+        "$tmp"/niah.json "$tmp"/eval.json "$tmp"/bench.json "$tmp"/sweep.json || exit 1
+    # The logits file: n_vocab float32 log-probs whose softmax sums to 1, named in the result.
+    python3 - "$tmp" <<'PY' || exit 1
+import json, math, struct, sys
+tmp = sys.argv[1]
+a = json.load(open(f"{tmp}/answer1.json"))
+assert a["first_token_logprobs_full_vocab_file"] == f"{tmp}/first.f32", a["first_token_logprobs_full_vocab_file"]
+raw = open(f"{tmp}/first.f32", "rb").read()
+assert len(raw) == 4 * 49152, len(raw)
+lp = struct.unpack(f"<{len(raw) // 4}f", raw)
+total = math.fsum(math.exp(x) for x in lp)
+assert abs(total - 1.0) < 1e-4, total
+assert max(range(len(lp)), key=lp.__getitem__) == a["answer"]["token_ids"][0]
+print("ok: logits file", len(lp), "log-probs, softmax sum", total)
+PY
     python3 "$root/tests/cli/validate_result.py" "$schema" --rows niah "$tmp/niah.jsonl" || exit 1
     python3 "$root/tests/cli/validate_result.py" "$schema" --rows eval "$tmp/eval.jsonl" || exit 1
     # Provenance names this build and this model file.

@@ -148,6 +148,18 @@ spread_limit = 0.1
 emulate_timing = true
 link_alpha_us = 2.5
 link_beta_gbs = 50.0
+[sweep]
+key = "scoring.layers"
+values = ["[3]", "[4]"]
+points = ["method.name=epic; method.ratio=0.3"]
+reference = "gold"
+cases = 12
+kinds = ["multihop"]
+context_tokens = 300
+documents = 3
+seed = 9
+full_correct_only = true
+cases_file = "out/cases.jsonl"
 [store]
 path = "cache/kv.h5"
 mode = "read-write"
@@ -157,6 +169,7 @@ compression = 3
 path = "out/r.json"
 csv = "out/r.csv"
 name = "r"
+logits_file = "out/first.f32"
 )";
 
 // k_every_key with the request read from files instead (the keys exclude each other).
@@ -289,6 +302,18 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.output.path == "out/r.json");
     CHECK(c.output.csv == "out/r.csv");
     CHECK(c.output.name == "r");
+    CHECK(c.output.logits_file == "out/first.f32");
+    CHECK(c.sweep.key == "scoring.layers");
+    CHECK(c.sweep.values == std::vector<std::string>{"[3]", "[4]"});
+    CHECK(c.sweep.points == std::vector<std::string>{"method.name=epic; method.ratio=0.3"});
+    CHECK(c.sweep.reference == "gold");
+    CHECK(c.sweep.cases == 12);
+    CHECK(c.sweep.kinds == std::vector<std::string>{"multihop"});
+    CHECK(c.sweep.context_tokens == 300);
+    CHECK(c.sweep.documents == 3);
+    CHECK(c.sweep.seed == 9);
+    CHECK(c.sweep.full_correct_only);
+    CHECK(c.sweep.cases_file == "out/cases.jsonl");
     CHECK(c.request.reference == "Because.");
 
     // Every known key appears in the file above and differs from its default.
@@ -398,7 +423,7 @@ TEST_CASE("out-of-range values and bad enum names", "[cpu][config]") {
           "full|none|infoflow|cacheblend|epic|ring|reform|h2o|streamingllm");
     CHECK(error_of([] { parse("job = \"bench\"\n"); }) ==
           "job at x.toml:1: 'bench' is not one of answer|niah|eval|bench-ttft|cache-build|"
-          "reform-heads");
+          "reform-heads|sweep");
     CHECK(error_of([] { parse("[scoring]\nlayout = \"hl_tp\"\n"); }) ==
           "scoring.layout at x.toml:2: 'hl_tp' is not one of global|hl-tp|hl-hp|tl-tp");
     CHECK(error_of([] { parse("[niah]\nmethods = [\"full\", \"fast\"]\n"); }) ==
