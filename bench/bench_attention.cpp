@@ -1,9 +1,13 @@
 // CPU attention kernel throughput (kernels/cpu/attention_cpu.h) per ISA path and KV storage type,
 // on the SmolLM2-135M head shape (9 query heads, 3 KV heads, head_dim 64): warm-up, then the
 // median (and min/max) of N runs, the paths interleaved run by run so that a loaded machine
-// slows them alike. A human table, then one JSON line per measurement.
+// slows them alike. Besides wall time, the process CPU time of each call is reported: on a
+// machine shared with other jobs it moves far less than the wall time. A human table, then one
+// JSON line per measurement.
 //
 // Usage: bench_attention [--threads N] [--runs N] [--warmup N]
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -95,6 +99,18 @@ AttnParams params(Inputs& in, const Shape& s, KvDtype t) {
     return p;
 }
 
+double cpu_ms() {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return double(t.tv_sec) * 1e3 + double(t.tv_nsec) / 1e6;
+}
+
+double median_of(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -123,7 +139,7 @@ int main(int argc, char** argv) {
     const KvDtype kvs[] = {KvDtype::f32, KvDtype::f16, KvDtype::bf16};
     struct Row {
         std::string shape, isa, kv;
-        double median, lo, hi, gflops;
+        double median, lo, hi, cpu, gflops;
     };
     std::vector<Row> rows;
     for (const Shape& s : shapes) {
@@ -131,46 +147,49 @@ int main(int argc, char** argv) {
         struct Variant {
             CpuIsa isa;
             KvDtype kv;
-            std::vector<double> ms;
+            std::vector<double> ms, cpu;
         };
         std::vector<Variant> vs;
         for (CpuIsa isa : isas)
-            for (KvDtype kv : kvs) vs.push_back({isa, kv, {}});
+            for (KvDtype kv : kvs) vs.push_back({isa, kv, {}, {}});
         for (int r = 0; r < warmup + runs; ++r) {
             for (Variant& v : vs) {  // interleaved: every path once per round
                 const AttnParams p = params(in, s, v.kv);
+                const double c0 = cpu_ms();
                 const auto t0 = std::chrono::steady_clock::now();
                 cpu::attention_isa(v.isa, p, threads);
                 const double ms =
                     std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                         .count();
-                if (r >= warmup) v.ms.push_back(ms);
+                if (r >= warmup) {
+                    v.ms.push_back(ms);
+                    v.cpu.push_back(cpu_ms() - c0);
+                }
             }
         }
         for (Variant& v : vs) {
             std::sort(v.ms.begin(), v.ms.end());
-            const size_t n = v.ms.size();
-            const double med = n % 2 ? v.ms[n / 2] : 0.5 * (v.ms[n / 2 - 1] + v.ms[n / 2]);
+            const double med = median_of(v.ms), cpu = median_of(v.cpu);
             const double flop = 4.0 * kHead * kDim * in.visible_pairs;
             rows.push_back({s.name, cpu::cpu_isa_name(v.isa), kv_dtype_name(v.kv), med,
-                            v.ms.front(), v.ms.back(), flop / (med * 1e6)});
+                            v.ms.front(), v.ms.back(), cpu, flop / (med * 1e6)});
         }
     }
     std::printf("CPU attention, 9/3 heads, head_dim 64, %d threads, median of %d (cpu: %s)\n",
                 threads, runs, cpu::cpu_isa_summary().c_str());
-    std::printf("  %-10s %-7s %-5s %10s %10s %10s %8s\n", "shape", "isa", "kv", "median ms",
-                "min ms", "max ms", "GFLOP/s");
+    std::printf("  %-10s %-7s %-5s %10s %10s %10s %10s %8s\n", "shape", "isa", "kv", "median ms",
+                "min ms", "max ms", "cpu ms", "GFLOP/s");
     for (const Row& r : rows) {
-        std::printf("  %-10s %-7s %-5s %10.2f %10.2f %10.2f %8.1f\n", r.shape.c_str(),
-                    r.isa.c_str(), r.kv.c_str(), r.median, r.lo, r.hi, r.gflops);
+        std::printf("  %-10s %-7s %-5s %10.2f %10.2f %10.2f %10.2f %8.1f\n", r.shape.c_str(),
+                    r.isa.c_str(), r.kv.c_str(), r.median, r.lo, r.hi, r.cpu, r.gflops);
     }
     for (const Row& r : rows) {
         std::printf(
             "{\"bench\":\"attention\",\"shape\":\"%s\",\"isa\":\"%s\",\"kv_dtype\":\"%s\","
             "\"threads\":%d,\"runs\":%d,\"median_ms\":%.3f,\"min_ms\":%.3f,\"max_ms\":%.3f,"
-            "\"gflops\":%.2f}\n",
+            "\"cpu_ms\":%.3f,\"gflops\":%.2f}\n",
             r.shape.c_str(), r.isa.c_str(), r.kv.c_str(), threads, runs, r.median, r.lo, r.hi,
-            r.gflops);
+            r.cpu, r.gflops);
     }
     return 0;
 }

@@ -10,10 +10,12 @@
 #include "runtime/core/half.h"
 
 namespace infoflow {
-namespace {
 
-// n fp32 values -> dtype t (round to nearest even), host memory.
-void narrow(KvDtype t, const float* src, size_t n, void* dst) {
+void kv_narrow(KvDtype t, const float* src, size_t n, void* dst) {
+    if (t == KvDtype::f32) {
+        std::memcpy(dst, src, n * sizeof(float));
+        return;
+    }
     uint16_t* h = static_cast<uint16_t*>(dst);
     size_t i = 0;
     if (t == KvDtype::f16) {
@@ -29,8 +31,11 @@ void narrow(KvDtype t, const float* src, size_t n, void* dst) {
     }
 }
 
-// n values of dtype t -> fp32, host memory.
-void widen(KvDtype t, const void* src, size_t n, float* dst) {
+void kv_widen(KvDtype t, const void* src, size_t n, float* dst) {
+    if (t == KvDtype::f32) {
+        std::memcpy(dst, src, n * sizeof(float));
+        return;
+    }
     const uint16_t* h = static_cast<const uint16_t*>(src);
     size_t i = 0;
     if (t == KvDtype::f16) {
@@ -45,8 +50,6 @@ void widen(KvDtype t, const void* src, size_t n, float* dst) {
         for (; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
     }
 }
-
-}  // namespace
 
 KvCache::KvCache(Backend& backend, const ModelConfig& config, int capacity, KvDtype dtype)
     : backend_(&backend),
@@ -150,6 +153,15 @@ void KvCache::write_range_raw(int layer, int first, int n, const void* k, const 
     backend_->copy(reinterpret_cast<char*>(v_[layer].data()) + at, v, bytes);
 }
 
+void KvCache::read_range_raw(int layer, int first, int n, void* k, void* v) const {
+    if (n <= 0) return;
+    IF_CHECK(first >= 0 && first + n <= size_,
+             "cache slots [" << first << ", " << first + n << ") outside [0, " << size_ << ")");
+    const size_t at = size_t(first) * row_bytes(), bytes = size_t(n) * row_bytes();
+    backend_->copy(k, reinterpret_cast<const char*>(k_[layer].data()) + at, bytes);
+    backend_->copy(v, reinterpret_cast<const char*>(v_[layer].data()) + at, bytes);
+}
+
 void KvCache::write_range(int layer, int first, int n, const float* k, const float* v) {
     if (n <= 0) return;
     IF_CHECK(first >= 0 && first + n <= size_,
@@ -161,8 +173,8 @@ void KvCache::write_range(int layer, int first, int n, const float* k, const flo
         backend_->copy(kd, k, elems * sizeof(float));
         backend_->copy(vd, v, elems * sizeof(float));
     } else {  // CPU backend memory is host memory
-        narrow(dtype_, k, elems, kd);
-        narrow(dtype_, v, elems, vd);
+        kv_narrow(dtype_, k, elems, kd);
+        kv_narrow(dtype_, v, elems, vd);
     }
 }
 
@@ -177,8 +189,8 @@ void KvCache::read_range(int layer, int first, int n, float* k, float* v) const 
         if (k) backend_->copy(k, ks, elems * sizeof(float));
         if (v) backend_->copy(v, vs, elems * sizeof(float));
     } else {
-        if (k) widen(dtype_, ks, elems, k);
-        if (v) widen(dtype_, vs, elems, v);
+        if (k) kv_widen(dtype_, ks, elems, k);
+        if (v) kv_widen(dtype_, vs, elems, v);
     }
 }
 

@@ -22,6 +22,10 @@ struct SlotRun {
 };
 std::vector<SlotRun> slot_runs(const int32_t* slots /*[n]*/, int n);
 
+// n fp32 values <-> KV storage type t (round to nearest even), host memory; f32 copies.
+void kv_narrow(KvDtype t, const float* src /*[n]*/, size_t n, void* dst /*[n]*/);
+void kv_widen(KvDtype t, const void* src /*[n]*/, size_t n, float* dst /*[n]*/);
+
 class KvCache {
   public:
     KvCache(Backend& backend, const ModelConfig& config, int capacity,
@@ -61,6 +65,8 @@ class KvCache {
                        void* v /*[n, row]*/, int n) const;
     void write_range_raw(int layer, int first, int n, const void* k /*[n, row]*/,
                          const void* v /*[n, row]*/);
+    void read_range_raw(int layer, int first, int n, void* k /*[n, row]*/,
+                        void* v /*[n, row]*/) const;
 
     // Points the op at slots [first, size()) of `layer`: k/v (or k16/v16) and kv_dtype; the
     // caller sets n_kv and the positions.

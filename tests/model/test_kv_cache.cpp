@@ -101,6 +101,7 @@ TEST_CASE("KvCache: f16/bf16 storage rounds each element once, raw rows travel u
     auto be = make_cpu_backend(1);
     const ModelConfig c = random_model_config("tiny");
     const int row = c.n_head_kv * c.head_dim;
+    const int layer = c.n_layer - 1;
     for (KvDtype t : {KvDtype::f16, KvDtype::bf16}) {
         INFO("kv dtype " << kv_dtype_name(t));
         KvCache cache(*be, c, 8, t);
@@ -120,9 +121,9 @@ TEST_CASE("KvCache: f16/bf16 storage rounds each element once, raw rows travel u
                                      : bf16_to_fp32(fp32_to_bf16(x));
         };
         const std::vector<int32_t> slots = {4, 1, 2};
-        cache.write_rows(2, slots.data(), k.data(), v.data(), 3);
+        cache.write_rows(layer, slots.data(), k.data(), v.data(), 3);
         std::vector<float> kb(k.size()), vb(v.size());
-        cache.read_rows(2, slots.data(), kb.data(), vb.data(), 3);
+        cache.read_rows(layer, slots.data(), kb.data(), vb.data(), 3);
         size_t changed = 0;
         for (size_t i = 0; i < k.size(); ++i) {
             CHECK(kb[i] == round(k[i]));
@@ -133,17 +134,17 @@ TEST_CASE("KvCache: f16/bf16 storage rounds each element once, raw rows travel u
 
         // Raw rows (as another rank receives them) land bit-identical in another cache.
         std::vector<uint16_t> rk(size_t(3) * row), rv(rk.size());
-        cache.read_rows_raw(2, slots.data(), rk.data(), rv.data(), 3);
+        cache.read_rows_raw(layer, slots.data(), rk.data(), rv.data(), 3);
         KvCache other(*be, c, 8, t);
         other.append(3, pos.data(), nullptr);
-        other.write_range_raw(2, 0, 3, rk.data(), rv.data());
+        other.write_range_raw(layer, 0, 3, rk.data(), rv.data());
         std::vector<float> ko(k.size());
-        other.read_range(2, 0, 3, ko.data(), nullptr);
+        other.read_range(layer, 0, 3, ko.data(), nullptr);
         CHECK(ko == kb);
 
         // Attention is pointed at the 16-bit storage; fp32 access is refused.
         AttnParams ap;
-        cache.attn_kv(2, 1, ap);
+        cache.attn_kv(layer, 1, ap);
         CHECK(ap.kv_dtype == t);
         CHECK(ap.k == nullptr);
         REQUIRE(ap.k16 != nullptr);
