@@ -24,6 +24,15 @@ namespace infoflow {
 
 class Backend;
 
+// Storage type of K/V rows (the KV cache, AttnParams / ScoreParams `kv_dtype`). f32 is the exact
+// reference; f16 and bf16 halve the cache and the K/V bytes exchanged between ranks, and every
+// op reading them widens to fp32 and accumulates in fp32.
+enum class KvDtype { f32, f16, bf16 };
+inline size_t kv_dtype_size(KvDtype t) { return t == KvDtype::f32 ? 4 : 2; }
+inline const char* kv_dtype_name(KvDtype t) {
+    return t == KvDtype::f32 ? "f32" : t == KvDtype::f16 ? "f16" : "bf16";
+}
+
 // Move-only owned buffer of floats (or ints, via `as_int`) in a backend's memory.
 class Buffer {
   public:
@@ -80,6 +89,11 @@ struct AttnParams {
     float scale = 0.0f;    // 0 = 1/sqrt(head_dim)
     float* out = nullptr;  // [n_q, n_head, head_dim]
     float* lse = nullptr;  // [n_q, n_head] natural log; optional
+    // K/V stored as 16-bit values (kv_dtype f16 or bf16): k16/v16 replace k/v, which stay
+    // nullptr; kv_stride then counts 16-bit elements.
+    KvDtype kv_dtype = KvDtype::f32;
+    const uint16_t* k16 = nullptr;  // [n_kv, kv_stride]
+    const uint16_t* v16 = nullptr;  // [n_kv, kv_stride]
 };
 
 // Attention-probability column scores for the InfoFlow criterion (docs/design.md §3.3), without
@@ -107,6 +121,8 @@ struct ScoreParams {
     float scale = 0.0f;
     bool aggregate_sum = false;  // false: "norm", true: "sum"
     float* col = nullptr;        // [n_cols], accumulated into
+    KvDtype kv_dtype = KvDtype::f32;  // f16 / bf16: k16 replaces k (as in AttnParams)
+    const uint16_t* k16 = nullptr;    // [n_cols, kv_stride]
 };
 
 // Seeded synthetic weights (random: models, docs/design.md §7), counter-based so that any backend

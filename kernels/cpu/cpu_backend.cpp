@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/cpu_math.h"
 #include "kernels/random_init.h"
 #include "runtime/core/error.h"
@@ -18,8 +19,7 @@
 namespace infoflow {
 namespace {
 
-constexpr int kAttnQueryBlock = 64;  // query tokens per attention task
-constexpr int kAttnKeyBlock = 512;   // keys per online-softmax step
+constexpr int kAttnQueryBlock = 64;  // query tokens per scoring task
 
 // Sets the scores of keys invisible to a query (position qp, group qg) to -inf (AttnParams).
 inline void mask_row(float* s, const int32_t* k_pos, const int32_t* k_group, int n, int32_t qp,
@@ -237,129 +237,8 @@ class CpuBackend final : public Backend {
     std::vector<float> rope_tab_;
 };
 
-// Blocked attention. A task is (kv head, block of query tokens); its rows are the
-// block's tokens times the g query heads sharing the kv head, so one GEMM serves all of them.
-// Keys are visited in blocks with an online softmax (running max m, sum l, output o).
-void CpuBackend::attention(const AttnParams& p) {
-    const int D = p.head_dim;
-    const int H = p.n_head;
-    const int Hkv = p.n_head_kv;
-    IF_CHECK(H > 0 && Hkv > 0 && H % Hkv == 0 && D > 0, "attention: bad head counts");
-    const int g = H / Hkv;
-    const int stride = p.kv_stride > 0 ? p.kv_stride : Hkv * D;
-    const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(D));
-    const int n_q = p.n_q;
-    const int n_kv = p.n_kv;
-    if (n_q == 0) return;
-
-    // If key positions never decrease, a query block only needs the keys up to its last
-    // position: everything after is masked.
-    bool k_sorted = true;
-    for (int j = 1; j < n_kv && k_sorted; ++j) k_sorted = p.k_pos[j - 1] <= p.k_pos[j];
-
-    const int n_qblocks = (n_q + kAttnQueryBlock - 1) / kAttnQueryBlock;
-    const int n_tasks = n_qblocks * Hkv;
-
-#pragma omp parallel num_threads(n_threads_)
-    {
-        const int max_rows = kAttnQueryBlock * g;
-        std::vector<float> qb(size_t(max_rows) * D);
-        std::vector<float> ob(size_t(max_rows) * D);
-        std::vector<float> s(size_t(max_rows) * kAttnKeyBlock);
-        std::vector<float> m(max_rows), l(max_rows);
-        std::vector<double> lsum(max_rows);
-
-        // Later query blocks see more keys: hand them out first.
-#pragma omp for schedule(dynamic, 1)
-        for (int task = 0; task < n_tasks; ++task) {
-            const int qblk = n_qblocks - 1 - task / Hkv;
-            const int hk = task % Hkv;
-            const int t0 = qblk * kAttnQueryBlock;
-            const int nt = std::min(kAttnQueryBlock, n_q - t0);
-            const int rows = nt * g;
-
-            int32_t max_qpos = INT32_MIN;
-            for (int t = 0; t < nt; ++t) max_qpos = std::max(max_qpos, p.q_pos[t0 + t]);
-            int n_keys = n_kv;
-            if (k_sorted) {
-                n_keys = int(std::upper_bound(p.k_pos, p.k_pos + n_kv, max_qpos) - p.k_pos);
-            }
-
-            // Row r = t * g + gi  <->  token t0 + t, query head hk * g + gi.
-            for (int t = 0; t < nt; ++t) {
-                for (int gi = 0; gi < g; ++gi) {
-                    const float* src = p.q + (size_t(t0 + t) * H + hk * g + gi) * D;
-                    float* dst = qb.data() + size_t(t * g + gi) * D;
-                    for (int d = 0; d < D; ++d) dst[d] = src[d] * scale;
-                }
-            }
-            std::fill(ob.begin(), ob.begin() + size_t(rows) * D, 0.0f);
-            std::fill(m.begin(), m.begin() + rows, -INFINITY);
-            std::fill(lsum.begin(), lsum.begin() + rows, 0.0);
-
-            for (int j0 = 0; j0 < n_keys; j0 += kAttnKeyBlock) {
-                const int nk = std::min(kAttnKeyBlock, n_keys - j0);
-                const float* kb = p.k + size_t(j0) * stride + size_t(hk) * D;
-                const float* vb = p.v + size_t(j0) * stride + size_t(hk) * D;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, D, 1.0f, qb.data(),
-                            D, kb, stride, 0.0f, s.data(), nk);
-                // Rows that see every key of the block need no mask (most of a causal prefill).
-                int32_t kmax = INT32_MIN;
-                for (int j = 0; j < nk; ++j) kmax = std::max(kmax, p.k_pos[j0 + j]);
-                bool any = false;
-                for (int t = 0; t < nt; ++t) {
-                    const int32_t qp = p.q_pos[t0 + t];
-                    const int32_t qg = p.q_group ? p.q_group[t0 + t] : 0;
-                    const bool masked = p.k_group != nullptr || kmax > qp;
-                    for (int gi = 0; gi < g; ++gi) {
-                        const int r = t * g + gi;
-                        float* sr = s.data() + size_t(r) * nk;
-                        if (masked)
-                            mask_row(sr, p.k_pos + j0, p.k_group ? p.k_group + j0 : nullptr, nk, qp,
-                                     qg);
-                        const float mx = cpu::max_of(sr, nk);
-                        if (mx == -INFINITY) {
-                            std::fill(sr, sr + nk, 0.0f);
-                            continue;
-                        }
-                        any = true;
-                        const float m_new = std::max(m[r], mx);
-                        const double sum = cpu::exp_shift_sum(sr, nk, m_new);
-                        if (m[r] != -INFINITY && m_new != m[r]) {
-                            const float alpha = std::exp(m[r] - m_new);
-                            float* o = ob.data() + size_t(r) * D;
-                            for (int d = 0; d < D; ++d) o[d] *= alpha;
-                            lsum[r] *= alpha;
-                        }
-                        lsum[r] += sum;
-                        m[r] = m_new;
-                    }
-                }
-                if (any) {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, nk, 1.0f,
-                                s.data(), nk, vb, stride, 1.0f, ob.data(), D);
-                }
-            }
-
-            for (int t = 0; t < nt; ++t) {
-                for (int gi = 0; gi < g; ++gi) {
-                    const int r = t * g + gi;
-                    const int h = hk * g + gi;
-                    float* dst = p.out + (size_t(t0 + t) * H + h) * D;
-                    const float* o = ob.data() + size_t(r) * D;
-                    if (lsum[r] > 0.0) {
-                        const float inv = float(1.0 / lsum[r]);
-                        for (int d = 0; d < D; ++d) dst[d] = o[d] * inv;
-                        if (p.lse) p.lse[size_t(t0 + t) * H + h] = m[r] + float(std::log(lsum[r]));
-                    } else {
-                        std::fill(dst, dst + D, 0.0f);
-                        if (p.lse) p.lse[size_t(t0 + t) * H + h] = -INFINITY;
-                    }
-                }
-            }
-        }
-    }
-}
+// The tiled kernel of kernels/cpu/attention_cpu.h, on the ISA path picked at run time.
+void CpuBackend::attention(const AttnParams& p) { cpu::attention(p, n_threads_); }
 
 // Column scores. A task is a block of columns (so no two threads write the same col[j]); inside,
 // query blocks and kv heads are visited, P is rebuilt from the given lse, and the head-mean
@@ -370,9 +249,12 @@ void CpuBackend::attention_scores(const ScoreParams& p) {
     const int Hkv = p.n_head_kv;
     IF_CHECK(H > 0 && Hkv > 0 && H % Hkv == 0 && D > 0, "attention_scores: bad head counts");
     const int g = H / Hkv;
-    const int stride = p.kv_stride > 0 ? p.kv_stride : Hkv * D;
+    const int kv_stride = p.kv_stride > 0 ? p.kv_stride : Hkv * D;
     const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(D));
     if (p.n_q == 0 || p.n_cols == 0) return;
+    // 16-bit K is widened one column block at a time into fp32 scratch (rows of Hkv * D).
+    const bool wide = p.kv_dtype == KvDtype::f32;
+    const int stride = wide ? kv_stride : Hkv * D;
     constexpr int kColBlock = 256;
     const int n_cblocks = (p.n_cols + kColBlock - 1) / kColBlock;
 
@@ -382,10 +264,18 @@ void CpuBackend::attention_scores(const ScoreParams& p) {
         std::vector<float> qb(size_t(max_rows) * D);
         std::vector<float> s(size_t(max_rows) * kColBlock);
         std::vector<double> a(size_t(kAttnQueryBlock) * kColBlock);
+        std::vector<float> kw(wide ? 0 : size_t(kColBlock) * Hkv * D);
 #pragma omp for schedule(dynamic, 1)
         for (int cb = 0; cb < n_cblocks; ++cb) {
             const int j0 = cb * kColBlock;
             const int nk = std::min(kColBlock, p.n_cols - j0);
+            const float* kblock = kw.data();
+            if (wide) {
+                kblock = p.k + size_t(j0) * stride;
+            } else {
+                cpu::widen_kv_rows(p.kv_dtype, p.k16 + size_t(j0) * kv_stride, size_t(kv_stride),
+                                   nk, Hkv * D, kw.data());
+            }
             int32_t min_kpos = INT32_MAX;
             for (int j = 0; j < nk; ++j) min_kpos = std::min(min_kpos, p.k_pos[j0 + j]);
             std::vector<double> col(nk, 0.0);
@@ -405,8 +295,7 @@ void CpuBackend::attention_scores(const ScoreParams& p) {
                         }
                     }
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, D, 1.0f,
-                                qb.data(), D, p.k + size_t(j0) * stride + size_t(hk) * D, stride,
-                                0.0f, s.data(), nk);
+                                qb.data(), D, kblock + size_t(hk) * D, stride, 0.0f, s.data(), nk);
                     for (int t = 0; t < nt; ++t) {
                         const int32_t qp = p.q_pos[t0 + t];
                         const int32_t qg = p.q_group ? p.q_group[t0 + t] : 0;

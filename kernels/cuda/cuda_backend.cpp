@@ -246,6 +246,9 @@ class CudaBackend final : public Backend {
     }
 
     void attention(const AttnParams& p) override {
+        IF_CHECK(p.kv_dtype == KvDtype::f32, "attention with model.kv_dtype = \""
+                                                 << kv_dtype_name(p.kv_dtype)
+                                                 << "\": not implemented yet on the cuda backend");
         const AttnShape s = check_attention_args(p, cuda::kMaxHeadDim);
         if (p.n_q == 0) return;
         if (attn_mode_ != AttnMode::kOwn) {
@@ -288,6 +291,9 @@ class CudaBackend final : public Backend {
     }
 
     void attention_scores(const ScoreParams& p) override {
+        IF_CHECK(p.kv_dtype == KvDtype::f32, "attention_scores with model.kv_dtype = \""
+                                                 << kv_dtype_name(p.kv_dtype)
+                                                 << "\": not implemented yet on the cuda backend");
         const AttnShape s = check_score_args(p, cuda::kMaxHeadDim);
         if (p.n_q == 0 || p.n_cols == 0) return;
         IF_CHECK(size_t(p.n_head) * (p.head_dim + 1) <= size_t(cuda::kMaxScoreSharedFloats),

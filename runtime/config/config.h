@@ -45,6 +45,7 @@ struct Config {
     enum class RingExchange { p2p, allgather };
     enum class StoreMode { read, read_write };
     enum class StoreDType { f16, bf16, f32 };
+    enum class KvDType { f32, f16, bf16 };
 
     static constexpr int k_default_chunk_size = 2048;
 
@@ -55,6 +56,7 @@ struct Config {
         int threads = 2;            // CPU threads per rank; 0 = all cores (OpenMP default)
         DType dtype = DType::fp32;  // compute type of weights and activations
         bool check_finite = true;   // reject NaN/Inf in the loaded weights, naming the tensor
+        KvDType kv_dtype = KvDType::f32;  // storage type of the KV cache
     };
     struct RequestSection {
         std::string system;                  // system prompt (part of chunk 0)
@@ -251,6 +253,7 @@ const char* to_string(Config::RingLayout v);
 const char* to_string(Config::RingExchange v);
 const char* to_string(Config::StoreMode v);
 const char* to_string(Config::StoreDType v);
+const char* to_string(Config::KvDType v);
 
 // Loads a TOML config file, then applies `sets` ("section.key=value", in order), then validates
 // across keys. Errors (infoflow::Error):

@@ -56,6 +56,10 @@ const std::map<std::string, std::string>& descriptions() {
         {"model.check_finite",
          "reject NaN/Inf in any loaded tensor of a model file, naming the tensor"},
         {"model.threads", "CPU threads per rank; `0` = all cores (the OpenMP default)"},
+        {"model.kv_dtype",
+         "storage type of the KV cache: `f32` (the exact reference), `f16` or `bf16` (half the "
+         "memory and half the K/V bytes exchanged between ranks; attention widens to fp32 and "
+         "accumulates in fp32; CPU backend only, the cuda backend says not implemented yet)"},
         {"model.dtype",
          "compute type of weights and activations; the CPU backend computes in fp32 (`bf16` / "
          "`fp16` are planned: not implemented yet)"},

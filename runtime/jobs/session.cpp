@@ -49,6 +49,9 @@ std::unique_ptr<Session> open_session(const Config& cfg, int local_rank) {
         s->chat = std::make_unique<ChatTemplate>(*s->tokenizer, chat_name);
     }
     s->model = std::make_unique<Model>(*s->backend, *s->weights);
+    s->model->set_kv_dtype(cfg.model.kv_dtype == Config::KvDType::f16    ? KvDtype::f16
+                           : cfg.model.kv_dtype == Config::KvDType::bf16 ? KvDtype::bf16
+                                                                         : KvDtype::f32);
     s->load_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return s;

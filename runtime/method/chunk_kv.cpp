@@ -25,13 +25,13 @@ ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t 
     for (size_t i = 0; i < seq.size(); ++i) slots[i] = first + int32_t(i);
     Buffer hidden = be.alloc_floats(seq.size() * size_t(c.n_embd));
     model.embed(seq.data(), int(seq.size()), hidden.data());
-    const size_t row = size_t(cache.row());
+    out.dtype = cache.dtype();
     for (int l = 0; l < c.n_layer; ++l) {
         model.layer_forward(l, hidden.data(), int(seq.size()), pos.data(), nullptr, slots.data(),
                             cache);
-        out.k.push_back(be.alloc_floats(size_t(n) * row));
-        out.v.push_back(be.alloc_floats(size_t(n) * row));
-        cache.read_range(l, lead, n, out.k[l].data(), out.v[l].data());
+        out.k.push_back(be.alloc(size_t(n) * cache.row_bytes()));
+        out.v.push_back(be.alloc(size_t(n) * cache.row_bytes()));
+        cache.read_range_raw(l, lead, n, out.k[l].data(), out.v[l].data());
     }
     return out;
 }
@@ -40,7 +40,8 @@ std::vector<ChunkKv> prefill_chunks(Model& model, const std::vector<std::vector<
                                     int32_t sink_id) {
     // One pass per chunk, never several chunks in one GEMM: a GEMM's rounding depends on where
     // a row sits in it, so packed chunks would differ (in the last bits) from chunks prefilled
-    // alone — which is what the KV store holds (docs/design.md §8: a cached run equals a fresh run).
+    // alone — which is what the KV store holds (docs/design.md §8: a cached run equals a fresh
+    // run).
     std::vector<ChunkKv> out;
     out.reserve(chunks.size());
     for (const auto& ch : chunks) out.push_back(prefill_chunk(model, ch, sink_id));
@@ -59,7 +60,8 @@ void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std:
     IF_CHECK(group == nullptr || group->size() == total, "assemble_cache: group size mismatch");
     const int first = cache.append(int(total), target_pos.data(), group ? group->data() : nullptr);
     const size_t row = size_t(cache.row());
-    Buffer rotated;  // [n, row] the chunk's keys at their target positions
+    Buffer rotated;                  // [n, row] the chunk's keys at their target positions
+    std::vector<uint16_t> narrow_k;  // the same rounded back to a 16-bit KV type
     int at = 0;
     for (int ci : order) {
         const ChunkKv& ck = chunks[ci];
@@ -71,18 +73,33 @@ void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std:
             delta[i] = target_pos[at + i] - ck.local_pos[i];
             rotate = rotate || delta[i] != 0;
         }
-        // Keys are re-rotated on their way in, so the cache only ever receives finished rows.
+        IF_CHECK(ck.dtype == cache.dtype(), "assemble_cache: chunk K/V are "
+                                                << kv_dtype_name(ck.dtype) << ", the cache "
+                                                << kv_dtype_name(cache.dtype()));
+        const bool wide = ck.dtype == KvDtype::f32;
+        // Keys are re-rotated on their way in, so the cache only ever receives finished rows
+        // (16-bit keys: widened, rotated in fp32, rounded once more).
         if (rotate && rotated.bytes() < size_t(n) * row * sizeof(float)) {
             rotated = be.alloc_floats(size_t(n) * row);
+            if (!wide) narrow_k.resize(size_t(n) * row);
         }
         for (int l = 0; l < L; ++l) {
-            const float* k = ck.k[l].data();
-            if (rotate) {
-                be.copy(rotated.data(), k, size_t(n) * row * sizeof(float));
-                model.rerotate_keys(rotated.data(), n, delta.data());
-                k = rotated.data();
+            if (!rotate) {
+                cache.write_range_raw(l, first + at, n, ck.k[l].data(), ck.v[l].data());
+                continue;
             }
-            cache.write_range(l, first + at, n, k, ck.v[l].data());
+            if (wide) {
+                be.copy(rotated.data(), ck.k[l].data(), size_t(n) * row * sizeof(float));
+            } else {  // 16-bit KV lives on the CPU backend: host memory
+                kv_widen(ck.dtype, ck.k[l].data(), size_t(n) * row, rotated.data());
+            }
+            model.rerotate_keys(rotated.data(), n, delta.data());
+            if (wide) {
+                cache.write_range(l, first + at, n, rotated.data(), ck.v[l].data());
+            } else {
+                kv_narrow(ck.dtype, rotated.data(), size_t(n) * row, narrow_k.data());
+                cache.write_range_raw(l, first + at, n, narrow_k.data(), ck.v[l].data());
+            }
         }
         at += n;
     }

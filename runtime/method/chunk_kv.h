@@ -1,6 +1,6 @@
-// Chunk prefill (docs/design.md §3.1) and global position reconstruction (§3.2). A chunk is prefilled
-// on its own as [sink] + chunk with causal attention inside that sequence; the sink's K/V are
-// dropped. Its keys are kept post-RoPE at their local positions; `assemble_cache` places the
+// Chunk prefill (docs/design.md §3.1) and global position reconstruction (§3.2). A chunk is
+// prefilled on its own as [sink] + chunk with causal attention inside that sequence; the sink's K/V
+// are dropped. Its keys are kept post-RoPE at their local positions; `assemble_cache` places the
 // chunks in a cache in a given order and rotates each key by delta = target - local position
 // (rotations compose), which is how every layout and every re-ordering is built from one
 // prefill per chunk.
@@ -16,7 +16,10 @@ namespace infoflow {
 struct ChunkKv {
     std::vector<int32_t> tokens;     // [n] without the sink
     std::vector<int32_t> local_pos;  // [n] positions used at prefill (1.. after a sink, else 0..)
-    std::vector<Buffer> k, v;        // per layer, [n, n_head_kv*head_dim]; k post-RoPE at local_pos
+    // Per layer, [n, n_head_kv*head_dim] in `dtype` (the model's KV cache type, so a 16-bit
+    // cache never has an fp32 copy of the context); k post-RoPE at local_pos.
+    std::vector<Buffer> k, v;
+    KvDtype dtype = KvDtype::f32;
     int size() const { return int(tokens.size()); }
 };
 

@@ -60,8 +60,13 @@ StoredChunk to_stored(Model& model, const ChunkKv& c, int32_t sink_id, const std
     for (int l = 0; l < mc.n_layer; ++l) {
         s.k[l].resize(count);
         s.v[l].resize(count);
-        be.download(s.k[l].data(), c.k[l].data(), count * sizeof(float));
-        be.download(s.v[l].data(), c.v[l].data(), count * sizeof(float));
+        if (c.dtype == KvDtype::f32) {
+            be.download(s.k[l].data(), c.k[l].data(), count * sizeof(float));
+            be.download(s.v[l].data(), c.v[l].data(), count * sizeof(float));
+        } else {  // 16-bit KV lives on the CPU backend: host memory
+            kv_widen(c.dtype, c.k[l].data(), count, s.k[l].data());
+            kv_widen(c.dtype, c.v[l].data(), count, s.v[l].data());
+        }
     }
     return s;
 }
@@ -71,11 +76,18 @@ ChunkKv from_stored(Model& model, const StoredChunk& s) {
     ChunkKv c;
     c.tokens = s.tokens;
     c.local_pos = s.local_pos;
+    c.dtype = model.kv_dtype();  // held as the caches it goes into store K/V
+    const size_t esize = kv_dtype_size(c.dtype);
     for (size_t l = 0; l < s.k.size(); ++l) {
-        c.k.push_back(be.alloc_floats(std::max<size_t>(1, s.k[l].size())));
-        c.v.push_back(be.alloc_floats(std::max<size_t>(1, s.v[l].size())));
-        be.upload(c.k[l].data(), s.k[l].data(), s.k[l].size() * sizeof(float));
-        be.upload(c.v[l].data(), s.v[l].data(), s.v[l].size() * sizeof(float));
+        c.k.push_back(be.alloc(std::max<size_t>(1, s.k[l].size()) * esize));
+        c.v.push_back(be.alloc(std::max<size_t>(1, s.v[l].size()) * esize));
+        if (c.dtype == KvDtype::f32) {
+            be.upload(c.k[l].data(), s.k[l].data(), s.k[l].size() * sizeof(float));
+            be.upload(c.v[l].data(), s.v[l].data(), s.v[l].size() * sizeof(float));
+        } else {
+            kv_narrow(c.dtype, s.k[l].data(), s.k[l].size(), c.k[l].data());
+            kv_narrow(c.dtype, s.v[l].data(), s.v[l].size(), c.v[l].data());
+        }
     }
     return c;
 }

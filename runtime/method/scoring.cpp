@@ -79,7 +79,7 @@ class ScoreTap final : public LayerTap {
         be_.upload(col_.data(), zero.data(), zero.size() * sizeof(float));
         ScoreParams sp;
         sp.q = q;
-        sp.k = cache.k(layer);
+        cache.score_k(layer, 0, sp);
         sp.lse = lse;
         sp.q_pos = pos;
         sp.k_pos = cache.pos_data();

@@ -1,18 +1,69 @@
 #include "runtime/model/kv_cache.h"
 
+#include <cstring>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 
 namespace infoflow {
 
-KvCache::KvCache(Backend& backend, const ModelConfig& config, int capacity)
+void kv_narrow(KvDtype t, const float* src, size_t n, void* dst) {
+    if (t == KvDtype::f32) {
+        std::memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    uint16_t* h = static_cast<uint16_t*>(dst);
+    size_t i = 0;
+    if (t == KvDtype::f16) {
+#if defined(__F16C__)
+        for (; i + 8 <= n; i += 8) {
+            const __m128i x = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), x);
+        }
+#endif
+        for (; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
+    } else {
+        for (; i < n; ++i) h[i] = fp32_to_bf16(src[i]);
+    }
+}
+
+void kv_widen(KvDtype t, const void* src, size_t n, float* dst) {
+    if (t == KvDtype::f32) {
+        std::memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    const uint16_t* h = static_cast<const uint16_t*>(src);
+    size_t i = 0;
+    if (t == KvDtype::f16) {
+#if defined(__F16C__)
+        for (; i + 8 <= n; i += 8) {
+            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
+            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(x));
+        }
+#endif
+        for (; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+    } else {
+        for (; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
+    }
+}
+
+KvCache::KvCache(Backend& backend, const ModelConfig& config, int capacity, KvDtype dtype)
     : backend_(&backend),
       n_layer_(config.n_layer),
       row_(config.n_head_kv * config.head_dim),
-      capacity_(capacity) {
+      capacity_(capacity),
+      dtype_(dtype) {
     IF_CHECK(capacity >= 0, "KV cache capacity must be >= 0, got " << capacity);
+    IF_CHECK(dtype == KvDtype::f32 || backend.name() == "cpu",
+             "model.kv_dtype = \"" << kv_dtype_name(dtype) << "\": not implemented yet on the "
+                                   << backend.name() << " backend");
     for (int l = 0; l < n_layer_; ++l) {
-        k_.push_back(backend.alloc_floats(size_t(capacity) * row_));
-        v_.push_back(backend.alloc_floats(size_t(capacity) * row_));
+        k_.push_back(backend.alloc(size_t(capacity) * row_bytes()));
+        v_.push_back(backend.alloc(size_t(capacity) * row_bytes()));
     }
     pos_.reserve(capacity);
     group_.reserve(capacity);
@@ -79,22 +130,107 @@ void KvCache::read_rows(int layer, const int32_t* slots, float* k, float* v, int
     }
 }
 
+void KvCache::read_rows_raw(int layer, const int32_t* slots, void* k, void* v, int n) const {
+    const size_t rb = row_bytes();
+    for (const SlotRun& r : slot_runs(slots, n)) {
+        IF_CHECK(r.slot >= 0 && r.slot + r.n <= size_, "cache slots ["
+                                                           << r.slot << ", " << r.slot + r.n
+                                                           << ") outside [0, " << size_ << ")");
+        const size_t at = size_t(r.slot) * rb, bytes = size_t(r.n) * rb;
+        backend_->copy(static_cast<char*>(k) + size_t(r.row) * rb,
+                       reinterpret_cast<const char*>(k_[layer].data()) + at, bytes);
+        backend_->copy(static_cast<char*>(v) + size_t(r.row) * rb,
+                       reinterpret_cast<const char*>(v_[layer].data()) + at, bytes);
+    }
+}
+
+void KvCache::write_range_raw(int layer, int first, int n, const void* k, const void* v) {
+    if (n <= 0) return;
+    IF_CHECK(first >= 0 && first + n <= size_,
+             "cache slots [" << first << ", " << first + n << ") outside [0, " << size_ << ")");
+    const size_t at = size_t(first) * row_bytes(), bytes = size_t(n) * row_bytes();
+    backend_->copy(reinterpret_cast<char*>(k_[layer].data()) + at, k, bytes);
+    backend_->copy(reinterpret_cast<char*>(v_[layer].data()) + at, v, bytes);
+}
+
+void KvCache::read_range_raw(int layer, int first, int n, void* k, void* v) const {
+    if (n <= 0) return;
+    IF_CHECK(first >= 0 && first + n <= size_,
+             "cache slots [" << first << ", " << first + n << ") outside [0, " << size_ << ")");
+    const size_t at = size_t(first) * row_bytes(), bytes = size_t(n) * row_bytes();
+    backend_->copy(k, reinterpret_cast<const char*>(k_[layer].data()) + at, bytes);
+    backend_->copy(v, reinterpret_cast<const char*>(v_[layer].data()) + at, bytes);
+}
+
 void KvCache::write_range(int layer, int first, int n, const float* k, const float* v) {
     if (n <= 0) return;
     IF_CHECK(first >= 0 && first + n <= size_,
              "cache slots [" << first << ", " << first + n << ") outside [0, " << size_ << ")");
-    const size_t at = size_t(first) * row_, bytes = size_t(n) * row_ * sizeof(float);
-    backend_->copy(k_[layer].data() + at, k, bytes);
-    backend_->copy(v_[layer].data() + at, v, bytes);
+    const size_t at = size_t(first) * row_bytes(), elems = size_t(n) * row_;
+    char* kd = reinterpret_cast<char*>(k_[layer].data()) + at;
+    char* vd = reinterpret_cast<char*>(v_[layer].data()) + at;
+    if (dtype_ == KvDtype::f32) {
+        backend_->copy(kd, k, elems * sizeof(float));
+        backend_->copy(vd, v, elems * sizeof(float));
+    } else {  // CPU backend memory is host memory
+        kv_narrow(dtype_, k, elems, kd);
+        kv_narrow(dtype_, v, elems, vd);
+    }
 }
 
 void KvCache::read_range(int layer, int first, int n, float* k, float* v) const {
     if (n <= 0) return;
     IF_CHECK(first >= 0 && first + n <= size_,
              "cache slots [" << first << ", " << first + n << ") outside [0, " << size_ << ")");
-    const size_t at = size_t(first) * row_, bytes = size_t(n) * row_ * sizeof(float);
-    if (k) backend_->copy(k, k_[layer].data() + at, bytes);
-    if (v) backend_->copy(v, v_[layer].data() + at, bytes);
+    const size_t at = size_t(first) * row_bytes(), elems = size_t(n) * row_;
+    const char* ks = reinterpret_cast<const char*>(k_[layer].data()) + at;
+    const char* vs = reinterpret_cast<const char*>(v_[layer].data()) + at;
+    if (dtype_ == KvDtype::f32) {
+        if (k) backend_->copy(k, ks, elems * sizeof(float));
+        if (v) backend_->copy(v, vs, elems * sizeof(float));
+    } else {
+        if (k) kv_widen(dtype_, ks, elems, k);
+        if (v) kv_widen(dtype_, vs, elems, v);
+    }
 }
+
+void KvCache::attn_kv(int layer, int first, AttnParams& p) const {
+    IF_CHECK(first >= 0 && first <= size_,
+             "cache slot " << first << " outside [0, " << size_ << "]");
+    p.kv_dtype = dtype_;
+    p.kv_stride = row_;
+    const size_t at = size_t(first) * row_bytes();
+    const char* kb = reinterpret_cast<const char*>(k_[layer].data()) + at;
+    const char* vb = reinterpret_cast<const char*>(v_[layer].data()) + at;
+    if (dtype_ == KvDtype::f32) {
+        p.k = reinterpret_cast<const float*>(kb);
+        p.v = reinterpret_cast<const float*>(vb);
+        p.k16 = p.v16 = nullptr;
+    } else {
+        p.k16 = reinterpret_cast<const uint16_t*>(kb);
+        p.v16 = reinterpret_cast<const uint16_t*>(vb);
+        p.k = p.v = nullptr;
+    }
+}
+
+void KvCache::score_k(int layer, int first, ScoreParams& p) const {
+    AttnParams a;
+    attn_kv(layer, first, a);
+    p.kv_dtype = a.kv_dtype;
+    p.kv_stride = a.kv_stride;
+    p.k = a.k;
+    p.k16 = a.k16;
+}
+
+float* KvCache::k(int layer) {
+    IF_CHECK(dtype_ == KvDtype::f32, "fp32 access to a " << kv_dtype_name(dtype_) << " KV cache");
+    return k_[layer].data();
+}
+float* KvCache::v(int layer) {
+    IF_CHECK(dtype_ == KvDtype::f32, "fp32 access to a " << kv_dtype_name(dtype_) << " KV cache");
+    return v_[layer].data();
+}
+const float* KvCache::k(int layer) const { return const_cast<KvCache*>(this)->k(layer); }
+const float* KvCache::v(int layer) const { return const_cast<KvCache*>(this)->v(layer); }
 
 }  // namespace infoflow

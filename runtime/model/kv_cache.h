@@ -1,7 +1,8 @@
 // Per-layer KV cache: `size()` slots in use out of `capacity()`, each slot a token with its
 // position and visibility group (see AttnParams). Keys are stored post-RoPE at the slot's
 // position; V is position-free. Slots need not be in position order, but attention skips more
-// work when they are.
+// work when they come in sorted runs. Rows are stored as `dtype()` (model.kv_dtype): f32 is the
+// exact reference, f16/bf16 round each element once when it is written (CPU backend only).
 #pragma once
 
 #include <cstdint>
@@ -21,24 +22,32 @@ struct SlotRun {
 };
 std::vector<SlotRun> slot_runs(const int32_t* slots /*[n]*/, int n);
 
+// n fp32 values <-> KV storage type t (round to nearest even), host memory; f32 copies.
+void kv_narrow(KvDtype t, const float* src /*[n]*/, size_t n, void* dst /*[n]*/);
+void kv_widen(KvDtype t, const void* src /*[n]*/, size_t n, float* dst /*[n]*/);
+
 class KvCache {
   public:
-    KvCache(Backend& backend, const ModelConfig& config, int capacity);
+    KvCache(Backend& backend, const ModelConfig& config, int capacity,
+            KvDtype dtype = KvDtype::f32);
     KvCache(KvCache&&) = default;
     KvCache& operator=(KvCache&&) = delete;
 
     int size() const { return size_; }
     int capacity() const { return capacity_; }
     int n_layer() const { return n_layer_; }
-    int row() const { return row_; }  // floats per slot per layer: n_head_kv * head_dim
+    int row() const { return row_; }  // elements per slot per layer: n_head_kv * head_dim
+    KvDtype dtype() const { return dtype_; }
+    size_t row_bytes() const { return size_t(row_) * kv_dtype_size(dtype_); }
 
     // Appends `n` slots (contents undefined until written) and returns the first index.
     int append(int n, const int32_t* pos /*[n]*/, const int32_t* group /*[n] or nullptr*/);
     void truncate(int n);  // drops slots >= n
     void clear() { truncate(0); }
 
-    // K/V rows in and out of the cache: every copy of whole rows goes through these, so the
-    // storage type of the cache is known here alone. Pointers are in the backend's memory.
+    // K/V rows in and out of the cache as fp32 (narrowed to / widened from dtype()): every copy
+    // of whole rows goes through these or the *_raw ones, so the storage type of the cache is
+    // known here alone. Pointers are in the backend's memory.
     // Slot slots[i] of `layer` <- row i of k and v.
     void write_rows(int layer, const int32_t* slots /*[n]*/, const float* k /*[n, row]*/,
                     const float* v /*[n, row]*/, int n);
@@ -51,11 +60,24 @@ class KvCache {
     void read_range(int layer, int first, int n, float* k /*[n, row]*/,
                     float* v /*[n, row]*/) const;
 
-    // The layer's storage, for attention over the cache.
-    float* k(int layer) { return k_[layer].data(); }  // [capacity, row]
-    float* v(int layer) { return v_[layer].data(); }  // [capacity, row]
-    const float* k(int layer) const { return k_[layer].data(); }
-    const float* v(int layer) const { return v_[layer].data(); }
+    // Rows in the storage type (row_bytes() each), for exchanging them between ranks unchanged.
+    void read_rows_raw(int layer, const int32_t* slots /*[n]*/, void* k /*[n, row]*/,
+                       void* v /*[n, row]*/, int n) const;
+    void write_range_raw(int layer, int first, int n, const void* k /*[n, row]*/,
+                         const void* v /*[n, row]*/);
+    void read_range_raw(int layer, int first, int n, void* k /*[n, row]*/,
+                        void* v /*[n, row]*/) const;
+
+    // Points the op at slots [first, size()) of `layer`: k/v (or k16/v16) and kv_dtype; the
+    // caller sets n_kv and the positions.
+    void attn_kv(int layer, int first, AttnParams& p) const;
+    void score_k(int layer, int first, ScoreParams& p) const;
+
+    // The layer's fp32 storage (dtype() f32 only; throws otherwise).
+    float* k(int layer);  // [capacity, row]
+    float* v(int layer);  // [capacity, row]
+    const float* k(int layer) const;
+    const float* v(int layer) const;
 
     // Slot metadata, host copies (the CPU backend reads them directly; a device backend keeps
     // mirrors in sync through `sync_meta`).
@@ -74,6 +96,7 @@ class KvCache {
     int capacity_ = 0;
     int size_ = 0;
     bool any_group_ = false;
+    KvDtype dtype_ = KvDtype::f32;
     std::vector<Buffer> k_, v_;
     std::vector<int32_t> pos_, group_;
 };

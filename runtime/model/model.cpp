@@ -165,13 +165,9 @@ void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const
     layer_qkv(l, hidden, n, pos, s_.q.data(), s_.k.data(), s_.v.data());
     // New K/V go into the cache before attention (docs/design.md §3.5).
     cache.write_rows(l, slots, s_.k.data(), s_.v.data(), n);
-    const float* ck = cache.k(l);
-    const float* cv = cache.v(l);
-
     AttnParams ap;
     ap.q = s_.q.data();
-    ap.k = ck;
-    ap.v = cv;
+    cache.attn_kv(l, 0, ap);
     ap.q_pos = pos;
     ap.k_pos = cache.pos_data();
     const bool groups = group != nullptr || cache.has_groups();

@@ -38,7 +38,10 @@ class Model {
     Backend& backend() { return backend_; }
     const std::vector<float>& inv_freq() const { return inv_freq_host_; }
 
-    KvCache make_cache(int capacity) { return KvCache(backend_, config(), capacity); }
+    // Caches store K/V as `kv_dtype()` (model.kv_dtype; f32 unless set).
+    KvCache make_cache(int capacity) { return KvCache(backend_, config(), capacity, kv_dtype_); }
+    void set_kv_dtype(KvDtype t) { kv_dtype_ = t; }
+    KvDtype kv_dtype() const { return kv_dtype_; }
 
     // hidden[i, :] = embedding of ids[i]
     void embed(const int32_t* ids /*[n]*/, int n, float* hidden /*[n, n_embd]*/);
@@ -100,6 +103,7 @@ class Model {
     Buffer inv_freq_;
     Buffer pos_buf_;
     Scratch s_;
+    KvDtype kv_dtype_ = KvDtype::f32;
 };
 
 }  // namespace infoflow

@@ -32,8 +32,7 @@ void forward_replicated(Model& model, Communicator& comm, KvCache& cache, int ke
         if (row_slots) cache.write_rows(l, row_slots, k.data(), v.data(), n);
         AttnParams ap;
         ap.q = q.data();
-        ap.k = cache.k(l) + size_t(key_begin) * row;
-        ap.v = cache.v(l) + size_t(key_begin) * row;
+        cache.attn_kv(l, key_begin, ap);
         ap.q_pos = pos;
         ap.k_pos = cache.pos_data() + key_begin;
         ap.n_q = n;

@@ -1,8 +1,8 @@
-// Phase 3 of the sequence-parallel method (docs/design.md §5.2): selective recompute (§3.5) of S, each
-// rank running its own selected tokens through the layers, in one of two exchange modes:
-// "kv" all-gathers the selected tokens' new K/V per layer (|S|·2·H_kv·D elements in total), so
-// every rank's cache holds all of S; "exact" sends the selected queries instead (pass-Q) and
-// merges the partial attention of every rank's keys.
+// Phase 3 of the sequence-parallel method (docs/design.md §5.2): selective recompute (§3.5) of S,
+// each rank running its own selected tokens through the layers, in one of two exchange modes: "kv"
+// all-gathers the selected tokens' new K/V per layer (|S|·2·H_kv·D elements in total), so every
+// rank's cache holds all of S; "exact" sends the selected queries instead (pass-Q) and merges the
+// partial attention of every rank's keys.
 #include <algorithm>
 
 #include "runtime/parallel/comm_stage.h"
@@ -85,9 +85,14 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
     const int P = comm.size(), row = cache.row();
     const int foreign_first = append_foreign_slots(sh, sel, P, cache);
     OwnRows o = own_rows(model, P, req, sh, sel);
+    // K/V travel in the cache's storage type (f16/bf16 halve the bytes): each rank sends the
+    // rows exactly as its cache holds them, so every rank's copy of S is bit-identical.
+    const size_t rb = cache.row_bytes();
     std::vector<size_t> bytes(P);
-    for (int p = 0; p < P; ++p) bytes[p] = size_t(o.owner_count[p]) * 2 * row * sizeof(float);
-    Buffer gathered = be.alloc_floats(std::max<size_t>(1, sel.selected.size() * 2 * row));
+    for (int p = 0; p < P; ++p) bytes[p] = size_t(o.owner_count[p]) * 2 * rb;
+    Buffer send = be.alloc(std::max<size_t>(1, size_t(o.n) * 2 * rb));
+    Buffer gathered = be.alloc(std::max<size_t>(1, sel.selected.size() * 2 * rb));
+    char* send_k = static_cast<char*>(static_cast<void*>(send.data()));
     AttnParams ap;
     ap.n_head = c.n_head;
     ap.n_head_kv = c.n_head_kv;
@@ -96,28 +101,26 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
         // Layers before first_layer (CacheBlend: layer 0) are not recomputed, but the other
         // ranks still need their K/V of the selected tokens. From first_layer on, the new K/V
         // go into the cache first (§3.5).
-        if (l < sel.first_layer) {
-            cache.read_rows(l, o.slot.data(), o.k(), o.v(row), o.n);
-        } else {
+        if (l >= sel.first_layer) {
             model.layer_qkv(l, o.h.data(), o.n, o.pos.data(), o.q.data(), o.k(), o.v(row));
             cache.write_rows(l, o.slot.data(), o.k(), o.v(row), o.n);
         }
-        all_gather_v_backend(comm, be, o.kv.data(), bytes[sh.rank], gathered.data(), bytes);
+        cache.read_rows_raw(l, o.slot.data(), send_k, send_k + size_t(o.n) * rb, o.n);
+        all_gather_v_backend(comm, be, send.data(), bytes[sh.rank], gathered.data(), bytes);
         // Other ranks' blocks of `gathered` ([k rows | v rows] per rank) into their slots.
         int fslot = foreign_first;
-        const float* block = gathered.data();
+        const char* block = static_cast<const char*>(static_cast<const void*>(gathered.data()));
         for (int p = 0; p < P; ++p) {
             const int np = o.owner_count[p];
             if (p != sh.rank) {
-                cache.write_range(l, fslot, np, block, block + size_t(np) * row);
+                cache.write_range_raw(l, fslot, np, block, block + size_t(np) * rb);
                 fslot += np;
             }
-            block += size_t(np) * 2 * row;
+            block += size_t(np) * 2 * rb;
         }
         if (l < sel.first_layer) continue;
         ap.q = o.q.data();
-        ap.k = cache.k(l);
-        ap.v = cache.v(l);
+        cache.attn_kv(l, 0, ap);
         ap.q_pos = o.pos.data();
         ap.k_pos = cache.pos_data();
         ap.n_q = o.n;
@@ -142,8 +145,7 @@ void recompute_exact(Model& model, Communicator& comm, const PreparedRequest& re
     for (int l = sel.first_layer; l < c.n_layer; ++l) {
         model.layer_qkv(l, o.h.data(), o.n, o.pos.data(), o.q.data(), o.k(), o.v(row));
         cache.write_rows(l, o.slot.data(), o.k(), o.v(row), o.n);  // new K/V first (§3.5)
-        local.k = cache.k(l) + size_t(sh.key_begin()) * row;
-        local.v = cache.v(l) + size_t(sh.key_begin()) * row;
+        cache.attn_kv(l, sh.key_begin(), local);
         local.k_pos = cache.pos_data() + sh.key_begin();
         local.n_kv = cache.size() - sh.key_begin();
         pass_q_attention(comm, be, local, o.q.data(), o.pos.data(), o.n, o.out.data(),

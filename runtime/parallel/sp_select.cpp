@@ -72,7 +72,7 @@ std::vector<double> score_sp(Model& model, Communicator& comm, const Shard& sh,
         be.upload(col.data(), host_col.data(), host_col.size() * sizeof(float));
         ScoreParams sp;
         sp.q = q;
-        sp.k = cache.k(l);
+        cache.score_k(l, 0, sp);
         sp.lse = lse;
         sp.q_pos = pos.data();
         sp.k_pos = cache.pos_data();
@@ -131,8 +131,7 @@ SpSelection cacheblend_select_sp(Model& model, Communicator& comm, const Prepare
     model.embed(toks.data(), n_own, h);
     model.layer_qkv(0, h, n_own, pos.data(), q.data(), k.data(), v.data());
     AttnParams local;
-    local.k = cache.k(0) + size_t(sh.key_begin()) * row;
-    local.v = cache.v(0) + size_t(sh.key_begin()) * row;
+    cache.attn_kv(0, sh.key_begin(), local);
     local.k_pos = cache.pos_data() + sh.key_begin();
     local.n_kv = cache.size() - sh.key_begin();
     local.n_head = c.n_head;

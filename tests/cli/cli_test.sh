@@ -5,6 +5,8 @@
 #                    names Paris; the JSON result has the docs/design.md §9 fields
 #       demo2      - the demo config on 2 MPI ranks (InfoFlow, kv exchange) answers, with bytes
 #                    moved reported per rank
+#       kv16       - the demo on 2 ranks with model.kv_dtype = "f16" gives the same greedy
+#                    answer as with "f32", and its recompute exchange moves half the bytes
 #       configdiff - ranks started with different configs stop at start-up with an error
 #                    naming the differing rank (no hang)
 #       fault      - a rank that fails mid-run stops every rank (MPI_Abort) within 30 s with a
@@ -69,6 +71,27 @@ assert sum(pre["bytes_sent"]) == 0
 frac = len(r["selected_positions"]) / r["context_tokens"]
 assert 0.1 < frac <= 0.15, frac
 print("ok: 2 ranks, answer", repr(r["answer"]["text"]))
+PY
+    ;;
+kv16)
+    for t in f32 f16; do
+        "$mpiexec" -n 2 --oversubscribe "$bin" --config configs/demo.toml --set model.threads=1 \
+            --set decode.max_new_tokens=12 --set model.kv_dtype=$t --out "$tmp/$t.json" \
+            > "$tmp/$t.txt" 2>&1 || { cat "$tmp/$t.txt"; fail "kv_dtype $t: mpiexec exited non-zero"; }
+    done
+    cat "$tmp/f16.txt"
+    python3 - "$tmp/f32.json" "$tmp/f16.json" <<'PY' || exit 1
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["answer"]["token_ids"], "empty answer"
+assert a["answer"]["token_ids"] == b["answer"]["token_ids"], (a["answer"]["text"], b["answer"]["text"])
+def rec_bytes(r):
+    return sum([p for p in r["phases"] if p["name"] == "recompute"][0]["bytes_sent"])
+sa, sb = a["selected_positions"], b["selected_positions"]
+print(f"ok: same answer {a['answer']['text']!r}; selected {len(sa)} / {len(sb)}, "
+      f"{len(set(sa) & set(sb))} shared; recompute bytes {rec_bytes(a)} -> {rec_bytes(b)}")
+if sa == sb:  # same selected set: the K/V exchange is exactly half as many bytes
+    assert 2 * rec_bytes(b) == rec_bytes(a), (rec_bytes(a), rec_bytes(b))
 PY
     ;;
 configdiff)

@@ -71,6 +71,7 @@ backend = "cuda"
 threads = 8
 check_finite = false
 dtype = "bf16"
+kv_dtype = "bf16"
 [request]
 system = "Be brief."
 documents = ["one", "two"]
@@ -221,6 +222,7 @@ TEST_CASE("defaults follow docs/design.md", "[cpu][config]") {
     CHECK(c.parallel.timeout_s == 600.0);
     CHECK(c.parallel.startup_timeout_s == 300.0);
     CHECK(c.model.check_finite);
+    CHECK(c.model.kv_dtype == C::KvDType::f32);
     CHECK(c.ring.layout == C::RingLayout::zigzag);
     CHECK(c.ring.exchange == C::RingExchange::p2p);
     CHECK(c.decode.max_new_tokens == 32);
@@ -268,6 +270,7 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.parallel.timeout_s == 30.5);
     CHECK(c.parallel.startup_timeout_s == 20.0);
     CHECK_FALSE(c.model.check_finite);
+    CHECK(c.model.kv_dtype == C::KvDType::bf16);
     CHECK(c.ring.layout == C::RingLayout::contiguous);
     CHECK(c.ring.exchange == C::RingExchange::allgather);
     CHECK(c.decode.max_new_tokens == 7);

@@ -18,13 +18,17 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/cpu_features.h"
 #include "ref_ops.h"
+#include "runtime/core/half.h"
 
 using infoflow::AttnParams;
 using infoflow::Backend;
 using infoflow::Buffer;
+using infoflow::KvDtype;
 using infoflow::ScoreParams;
+using infoflow::cpu::CpuIsa;
 
 namespace {
 
@@ -131,7 +135,7 @@ Cmp compare(const float* got, const double* want, size_t n,
 std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 // ---- attention case builder ----------------------------------------------------------------
-enum class PosMode { causal, shuffled, duplicates, decode, middle };
+enum class PosMode { causal, shuffled, duplicates, decode, middle, runs };
 enum class KvLayout { packed, fused, padded_nan };
 
 const char* name_of(PosMode m) {
@@ -146,6 +150,8 @@ const char* name_of(PosMode m) {
             return "decode";
         case PosMode::middle:
             return "middle";
+        case PosMode::runs:
+            return "runs";
     }
     return "?";
 }
@@ -171,15 +177,32 @@ struct AttnCase {
     float scale = 0.0f;  // 0 = default 1/sqrt(D)
     bool with_lse = true;
     int threads = 2;
+    KvDtype kv = KvDtype::f32;  // f16/bf16: K/V rounded to it, the op reads the 16-bit copy
+    int isa = -1;               // -1: Backend::attention; else cpu::attention_isa(CpuIsa(isa))
     std::string str() const {
         std::ostringstream s;
         s << "seed=" << seed << " n_head=" << n_head << " n_head_kv=" << n_head_kv
           << " head_dim=" << head_dim << " n_q=" << n_q << " n_kv=" << n_kv
           << " pos=" << name_of(pos) << " n_groups=" << n_groups << " layout=" << name_of(layout)
-          << " scale=" << scale << " with_lse=" << with_lse << " threads=" << threads;
+          << " scale=" << scale << " with_lse=" << with_lse << " threads=" << threads
+          << " kv=" << infoflow::kv_dtype_name(kv)
+          << " isa=" << (isa < 0 ? "backend" : infoflow::cpu::cpu_isa_name(CpuIsa(isa)));
         return s.str();
     }
 };
+
+// f32 <-> the 16-bit KV storage types, as the KV cache rounds (nearest even).
+uint16_t narrow1(KvDtype t, float x) {
+    return t == KvDtype::f16 ? infoflow::fp32_to_fp16(x) : infoflow::fp32_to_bf16(x);
+}
+float widen1(KvDtype t, uint16_t h) {
+    return t == KvDtype::f16 ? infoflow::fp16_to_fp32(h) : infoflow::bf16_to_fp32(h);
+}
+std::vector<uint16_t> narrow_all(KvDtype t, const std::vector<float>& v) {
+    std::vector<uint16_t> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = narrow1(t, v[i]);
+    return out;
+}
 
 // Host-side inputs of one attention call.
 struct AttnInputs {
@@ -248,12 +271,27 @@ AttnInputs make_inputs(const AttnCase& c) {
             for (int i = 0; i < c.n_q; ++i)
                 in.q_pos[i] = p0 + rng.randint(c.n_kv / 3, 2 * c.n_kv / 3);
             break;
+        case PosMode::runs: {  // a sorted shard, then sorted keys from before and after it (a
+                               // cache with gathered selected tokens appended), queries anywhere
+            const int n1 = c.n_kv / 2;
+            for (int j = 0; j < n1; ++j) in.k_pos[j] = p0 + c.n_kv + j;
+            std::vector<int32_t> rest;
+            for (int j = n1; j < c.n_kv; ++j) rest.push_back(p0 + rng.randint(0, 3 * c.n_kv));
+            std::sort(rest.begin(), rest.end());
+            std::copy(rest.begin(), rest.end(), in.k_pos.begin() + n1);
+            for (int i = 0; i < c.n_q; ++i) in.q_pos[i] = p0 + rng.randint(0, 3 * c.n_kv);
+            break;
+        }
     }
     if (c.n_groups > 0) {
         in.q_group.resize(c.n_q);
         in.k_group.resize(c.n_kv);
         for (auto& g : in.q_group) g = rng.randint(0, c.n_groups - 1);
         for (auto& g : in.k_group) g = rng.randint(-1, c.n_groups - 1);  // -1: visible to all
+    }
+    if (c.kv != KvDtype::f32) {  // the values the 16-bit copy holds exactly (NaN padding stays)
+        for (float& x : in.kv)
+            if (!std::isnan(x)) x = widen1(c.kv, narrow1(c.kv, x));
     }
     return in;
 }
@@ -294,6 +332,15 @@ AttnResult run_backend_attention(Backend& be, const AttnCase& c, const AttnInput
     p.q = q.data();
     p.k = kv.data();
     p.v = kv.data() + in.v_base;
+    Buffer kv16;
+    if (c.kv != KvDtype::f32) {
+        kv16 = to_dev(be, narrow_all(c.kv, in.kv));
+        const uint16_t* base = static_cast<const uint16_t*>(static_cast<const void*>(kv16.data()));
+        p.kv_dtype = c.kv;
+        p.k = p.v = nullptr;
+        p.k16 = base;
+        p.v16 = base + in.v_base;
+    }
     p.q_pos = qp.as_int();
     p.k_pos = kp.as_int();
     p.q_group = in.q_group.empty() ? nullptr : qg.as_int();
@@ -301,7 +348,11 @@ AttnResult run_backend_attention(Backend& be, const AttnCase& c, const AttnInput
     p.out = out.data();
     p.lse = c.with_lse ? lse.data() : nullptr;
     be.set_threads(c.threads);
-    be.attention(p);
+    if (c.isa < 0) {
+        be.attention(p);
+    } else {
+        infoflow::cpu::attention_isa(CpuIsa(c.isa), p, c.threads);
+    }
     AttnResult r;
     r.out = from_dev(be, out.data(), n_out);
     if (c.with_lse) r.lse = from_dev(be, lse.data(), n_lse);
@@ -852,6 +903,126 @@ TEST_CASE("ops: attention, random sweep with groups, strides, scales, threads", 
     CHECK(total_empty > 0);  // the sweep did exercise rows with no visible key
 }
 
+// Each ISA path of the CPU kernel (kernels/cpu/attention_cpu.h) called directly, for every KV
+// storage type, on shapes whose lengths are not multiples of the vector width (8 / 16), the key
+// tile (32 / 64) or the query block (32), with masks, groups, unsorted keys and sorted runs (a
+// shard followed by appended keys: the per-tile cut-off must not drop visible keys). The
+// reference reads the same values the 16-bit copy holds, so the fp32 tolerance applies.
+TEST_CASE("ops: attention, each CPU ISA path x KV dtype, random shapes", "[ops]") {
+    auto be = cpu();
+    std::vector<CpuIsa> isas = {CpuIsa::avx2};
+    if (infoflow::cpu::cpu_has_avx512()) isas.push_back(CpuIsa::avx512);
+    const PosMode modes[] = {PosMode::causal, PosMode::shuffled, PosMode::duplicates,
+                             PosMode::decode, PosMode::middle,   PosMode::runs};
+    const KvLayout layouts[] = {KvLayout::packed, KvLayout::fused, KvLayout::padded_nan};
+    const int dims[] = {64, 24, 128, 40, 8};
+    const KvDtype kvs[] = {KvDtype::f32, KvDtype::f16, KvDtype::bf16};
+    Rng meta(4242);
+    int total_empty = 0, n_cases = 0;
+    for (CpuIsa isa : isas) {
+        for (KvDtype kv : kvs) {
+            for (int ci = 0; ci < 12; ++ci) {
+                AttnCase c;
+                c.seed = 3000 + n_cases++;
+                c.isa = int(isa);
+                c.kv = kv;
+                c.n_head_kv = meta.randint(1, 3);
+                c.n_head = c.n_head_kv * meta.randint(1, 4);
+                c.head_dim = dims[ci % 5];
+                c.pos = modes[ci % 6];
+                c.layout = layouts[ci % 3];
+                c.n_groups = (ci % 4 == 1) ? meta.randint(1, 3) : 0;
+                c.n_kv = meta.randint(1, 300);
+                c.n_q = c.pos == PosMode::causal ? meta.randint(1, c.n_kv) : meta.randint(1, 90);
+                c.scale = ci % 5 == 4 ? 2.0f : 0.0f;
+                c.with_lse = ci % 6 != 5;
+                c.threads = 1 + ci % 2;
+                int empty = 0;
+                check_attention_case(*be, c, &empty);
+                total_empty += empty;
+            }
+            // A longer causal prefill over many tiles, and one decode row.
+            AttnCase c;
+            c.seed = 3000 + n_cases++;
+            c.isa = int(isa);
+            c.kv = kv;
+            c.n_head = 9;
+            c.n_head_kv = 3;
+            c.n_q = 203;
+            c.n_kv = 203;
+            check_attention_case(*be, c);
+            c.n_q = 1;
+            c.n_kv = 517;
+            c.pos = PosMode::decode;
+            check_attention_case(*be, c);
+        }
+    }
+    CHECK(total_empty > 0);  // rows with no visible key were exercised
+}
+
+// The 16-bit KV cache against exact fp32 K/V. Rounding K to unit roundoff u (f16: 2^-11, bf16:
+// 2^-8) moves each score by at most ds = u * scale * sum_d |q_d k_d| (worst pair of the case);
+// the softmax weights then change by a factor within exp(+-2 ds), so a convex combination of V
+// rows moves by <= 2.2 ds * vmax; rounding V adds <= u * vmax; the lse moves by <= ds. On top
+// comes the fp32 tolerance of the kernel. For these unit-scale inputs the f16 bound is ~1e-3 *
+// vmax and the bf16 one ~1e-2: well below the change one wrongly masked key causes (the mask is
+// exact either way, checked above), and the check also asserts the 16-bit result did change.
+TEST_CASE("ops: attention with f16/bf16 K/V within the rounding bound of fp32", "[ops]") {
+    auto be = cpu();
+    const PosMode modes[] = {PosMode::causal, PosMode::runs, PosMode::decode, PosMode::shuffled};
+    int ci = 0;
+    for (KvDtype kv : {KvDtype::f16, KvDtype::bf16}) {
+        const double u = kv == KvDtype::f16 ? 1.0 / 2048 : 1.0 / 256;
+        for (PosMode pm : modes) {
+            AttnCase c;
+            c.seed = 3500 + ci++;
+            c.n_head = 6;
+            c.n_head_kv = 2;
+            c.head_dim = 64;
+            c.n_q = pm == PosMode::decode ? 2 : 77;
+            c.n_kv = 301;
+            c.pos = pm;
+            c.n_groups = pm == PosMode::shuffled ? 2 : 0;
+            AttnCase c32 = c;
+            c.kv = kv;
+            INFO("case: " << c.str());
+            const AttnInputs in32 = make_inputs(c32), in16 = make_inputs(c);
+            std::vector<double> want_out, want_lse;
+            double max_score = 0.0;
+            infoflow::ref::attention(host_params(c32, in32), &want_out, &want_lse, &max_score);
+            const AttnResult got = run_backend_attention(*be, c, in16);
+            const int D = c.head_dim, g = c.n_head / c.n_head_kv;
+            const double scale = 1.0 / std::sqrt(double(D));
+            double qk = 0.0, vmax = 0.0;  // max scale * sum_d |q_d k_d|, max |v|
+            for (int i = 0; i < c.n_q; ++i)
+                for (int h = 0; h < c.n_head; ++h)
+                    for (int j = 0; j < c.n_kv; ++j) {
+                        double a = 0.0;
+                        for (int d = 0; d < D; ++d)
+                            a += std::fabs(double(in32.q[(size_t(i) * c.n_head + h) * D + d]) *
+                                           in32.kv[size_t(j) * in32.stride + (h / g) * D + d]);
+                        qk = std::max(qk, a * scale);
+                    }
+            for (size_t j = 0; j < size_t(c.n_kv) * in32.stride; ++j)
+                vmax = std::max(vmax, std::fabs(double(in32.kv[in32.v_base + j])));
+            const double ds = u * qk;
+            const double tol32 = attn_tol(max_score, c.n_kv);
+            const double tol_out = vmax * (u + 2.2 * ds + tol32), tol_lse = ds + tol32;
+            CAPTURE(ds, vmax, tol_out, tol_lse);
+            CHECK_CLOSE(
+                "out", got.out.data(), want_out.data(), want_out.size(),
+                [&](size_t) { return tol_out; }, nullptr);
+            CHECK_CLOSE(
+                "lse", got.lse.data(), want_lse.data(), want_lse.size(),
+                [&](size_t) { return tol_lse; }, nullptr);
+            double diff = 0.0;
+            for (size_t r = 0; r < want_out.size(); ++r)
+                diff = std::max(diff, std::fabs(got.out[r] - want_out[r]));
+            CHECK(diff > 1e-7);  // the 16-bit copy was really used
+        }
+    }
+}
+
 TEST_CASE("ops: attention mask is exactly key_pos <= query_pos", "[ops]") {
     // One query at position 10; keys at 9, 10, 11. The key at 11 (future) has a large score and
     // v = 100 e_3: including it would put ~98 in dim 3. The key at 10 (same position) carries
@@ -1171,6 +1342,7 @@ TEST_CASE("ops: attention_scores, norm and sum aggregates over a column prefix",
         c.scale = v.scale;
         for (int aggregate_sum = 0; aggregate_sum < 2; ++aggregate_sum) {
             for (int threads : {1, 2}) {
+                c.kv = threads == 1 ? KvDtype::f32 : aggregate_sum ? KvDtype::bf16 : KvDtype::f16;
                 INFO("attention_scores: " << c.str() << " n_cols=" << v.n_cols << " aggregate_sum="
                                           << aggregate_sum << " threads=" << threads);
                 const AttnInputs in = make_inputs(c);
@@ -1210,6 +1382,13 @@ TEST_CASE("ops: attention_scores, norm and sum aggregates over a column prefix",
                        col = to_dev(*be, col0);
                 sp.q = q.data();
                 sp.k = kv.data();
+                Buffer kv16;
+                if (c.kv != KvDtype::f32) {  // the 16-bit copy of the same (rounded) values
+                    kv16 = to_dev(*be, narrow_all(c.kv, in.kv));
+                    sp.kv_dtype = c.kv;
+                    sp.k = nullptr;
+                    sp.k16 = static_cast<const uint16_t*>(static_cast<const void*>(kv16.data()));
+                }
                 sp.lse = lb.data();
                 sp.q_pos = qp.as_int();
                 sp.k_pos = kp.as_int();

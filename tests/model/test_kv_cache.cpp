@@ -6,6 +6,7 @@
 
 #include "kernels/backend.h"
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 #include "runtime/model/kv_cache.h"
 #include "runtime/model/model_loader.h"
 
@@ -93,4 +94,64 @@ TEST_CASE("KvCache: row copies outside the used slots are refused", "[kv_cache]"
     Buffer out = be->alloc_floats(size_t(2) * cache.row());
     CHECK_THROWS_AS(cache.read_range(0, 3, 2, out.data(), out.data()), Error);
     CHECK_NOTHROW(cache.write_range(0, 2, 2, k.data(), k.data()));
+}
+
+TEST_CASE("KvCache: f16/bf16 storage rounds each element once, raw rows travel unchanged",
+          "[kv_cache]") {
+    auto be = make_cpu_backend(1);
+    const ModelConfig c = random_model_config("tiny");
+    const int row = c.n_head_kv * c.head_dim;
+    const int layer = c.n_layer - 1;
+    for (KvDtype t : {KvDtype::f16, KvDtype::bf16}) {
+        INFO("kv dtype " << kv_dtype_name(t));
+        KvCache cache(*be, c, 8, t);
+        CHECK(cache.dtype() == t);
+        CHECK(cache.row_bytes() == size_t(row) * 2);
+        std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5};
+        cache.append(6, pos.data(), nullptr);
+        // Values that are not representable in 16 bits: each comes back as its nearest-even
+        // rounding (half.h), computed here independently of the cache's vector path.
+        std::vector<float> k(size_t(3) * row), v(k.size());
+        for (size_t i = 0; i < k.size(); ++i) {
+            k[i] = 0.1f + 0.37f * float(i) - 3.0f;
+            v[i] = 1.0f / (1.0f + float(i)) - 0.01f * float(i);
+        }
+        auto round = [&](float x) {
+            return t == KvDtype::f16 ? fp16_to_fp32(fp32_to_fp16(x))
+                                     : bf16_to_fp32(fp32_to_bf16(x));
+        };
+        const std::vector<int32_t> slots = {4, 1, 2};
+        cache.write_rows(layer, slots.data(), k.data(), v.data(), 3);
+        std::vector<float> kb(k.size()), vb(v.size());
+        cache.read_rows(layer, slots.data(), kb.data(), vb.data(), 3);
+        size_t changed = 0;
+        for (size_t i = 0; i < k.size(); ++i) {
+            CHECK(kb[i] == round(k[i]));
+            CHECK(vb[i] == round(v[i]));
+            changed += kb[i] != k[i];
+        }
+        CHECK(changed > 0);  // the storage really is narrower
+
+        // Raw rows (as another rank receives them) land bit-identical in another cache.
+        std::vector<uint16_t> rk(size_t(3) * row), rv(rk.size());
+        cache.read_rows_raw(layer, slots.data(), rk.data(), rv.data(), 3);
+        KvCache other(*be, c, 8, t);
+        other.append(3, pos.data(), nullptr);
+        other.write_range_raw(layer, 0, 3, rk.data(), rv.data());
+        std::vector<float> ko(k.size());
+        other.read_range(layer, 0, 3, ko.data(), nullptr);
+        CHECK(ko == kb);
+
+        // Attention is pointed at the 16-bit storage; fp32 access is refused.
+        AttnParams ap;
+        cache.attn_kv(layer, 1, ap);
+        CHECK(ap.kv_dtype == t);
+        CHECK(ap.k == nullptr);
+        REQUIRE(ap.k16 != nullptr);
+        uint16_t want16 = 0;
+        const float k_slot1 = k[size_t(1) * row];  // row 1 went to slot 1
+        want16 = t == KvDtype::f16 ? fp32_to_fp16(k_slot1) : fp32_to_bf16(k_slot1);
+        CHECK(ap.k16[0] == want16);
+        CHECK_THROWS_WITH(cache.k(0), Catch::Contains("fp32 access"));
+    }
 }

@@ -1,5 +1,5 @@
-// Distributed execution against its single-rank oracles (docs/design.md §6.1, §6.3, §6.4, §5.5), run
-// under mpiexec with 1-4 ranks on a tiny random model: infoflow at ratio 1 equals full in both
+// Distributed execution against its single-rank oracles (docs/design.md §6.1, §6.3, §6.4, §5.5),
+// run under mpiexec with 1-4 ranks on a tiny random model: infoflow at ratio 1 equals full in both
 // exchange modes; "exact" on P ranks equals P = 1 (same selected set, same tokens, logits
 // within 1e-4); "kv" on P ranks equals the single-rank run with emulate_ranks = P; ring
 // attention (zigzag, contiguous, all-gather) equals full; byte counts match the formulas.
@@ -121,6 +121,46 @@ TEST_CASE("sp: kv exchange moves exactly the selected tokens' K/V [5.5]", "[sp]"
     const PhaseTime* pre = phase(r, s.P() > 1 ? "shard_prefill" : "chunk_prefill");
     REQUIRE(pre != nullptr);
     CHECK(pre->bytes_sent == 0);  // phase 1 has no messages
+}
+
+TEST_CASE(
+    "sp: with an f16 KV cache, kv equals emulate_ranks, exact equals one rank, and the "
+    "K/V exchange moves half the bytes [6.4, 5.5]",
+    "[sp]") {
+    Setup s;
+    s.tm.m->set_kv_dtype(KvDtype::f16);
+    Config cfg = method_config(Config::Method::infoflow, 0.3);
+    const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+    Config emu = cfg;
+    emu.parallel.emulate_ranks = s.P();
+    const MethodResult one = run_method(*s.tm.m, s.req, emu, kNoStop);
+    Config ex = cfg;
+    ex.parallel.exchange = Config::Exchange::exact;
+    const MethodResult rx = run_request(*s.tm.m, s.req, ex, *s.comm, kNoStop);
+    const MethodResult onex = run_method(*s.tm.m, s.req, ex, kNoStop);
+    s.tm.m->set_kv_dtype(KvDtype::f32);
+    CAPTURE(s.P(), s.rank());
+    CHECK(r.selected_positions == one.selected_positions);
+    CHECK(rx.selected_positions == onex.selected_positions);
+    CHECK(rx.answer == onex.answer);
+    if (s.rank() == 0) {
+        CHECK(rel_err(r.first_logits, one.first_logits) <= kTol);
+        CHECK(r.answer == one.answer);
+        CHECK(rel_err(rx.first_logits, onex.first_logits) <= kTol);
+    }
+    // Each selected token's K/V rows travel as f16: 2 bytes per element.
+    std::vector<int> sizes;
+    for (const auto& c : s.req.chunks) sizes.push_back(int(c.size()));
+    const Placement place = place_chunks(sizes, s.P());
+    std::vector<int> chunk_of;
+    for (size_t i = 0; i < sizes.size(); ++i) chunk_of.insert(chunk_of.end(), sizes[i], int(i));
+    std::vector<uint64_t> n_sel(s.P(), 0);
+    for (int32_t p : r.selected_positions) n_sel[place.chunk_rank[chunk_of[p]]]++;
+    const ModelConfig& c = s.tm.w.config;
+    const uint64_t per_token = 2ull * c.n_head_kv * c.head_dim * 2 * c.n_layer;
+    const PhaseTime* rec = phase(r, "recompute");
+    REQUIRE(rec != nullptr);
+    CHECK(rec->bytes_sent == n_sel[s.rank()] * per_token * uint64_t(s.P() - 1));
 }
 
 TEST_CASE("ring equals full for every layout and exchange [6.3]", "[ring]") {

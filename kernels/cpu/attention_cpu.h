@@ -1,0 +1,38 @@
+// The CPU attention kernel (AttnParams, kernels/backend.h): one pass per key tile with an online
+// softmax. For a block of query rows and a tile of keys it computes the scores in registers,
+// applies the visibility rule there, takes the tile's row maximum, exponentiates and sums in
+// the same registers, and adds P·V into the rows' fp32 output; tiles whose keys all lie after
+// every query of the block are skipped before any arithmetic, whatever the order of the keys
+// (so a cache of sorted runs, e.g. a shard followed by gathered selected tokens, keeps its
+// causal cut-off). K/V may be fp32, f16 or bf16 (widened per tile); accumulation is fp32.
+// Written once over a vector type (attention_cpu_impl.h) and compiled for AVX2
+// (attention_cpu.cpp) and AVX-512 (attention_cpu_avx512.cpp); attention() picks the path of
+// active_cpu_isa() (kernels/cpu/cpu_features.h). Internal to kernels/cpu and its tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_features.h"
+
+namespace infoflow::cpu {
+
+// The path of active_cpu_isa().
+void attention(const AttnParams& p, int n_threads);
+// One path explicitly (tests compare each with the reference). The AVX-512 one throws
+// infoflow::Error on a CPU without AVX-512.
+void attention_isa(CpuIsa isa, const AttnParams& p, int n_threads);
+
+// dst[i, 0:w] = fp32 of src[i * src_stride + 0:w], for n rows of KV storage type `t`.
+void widen_kv_rows(KvDtype t, const void* src /*[n, src_stride]*/, size_t src_stride, int n, int w,
+                   float* dst /*[n, w]*/);
+
+namespace detail {
+void attention_avx2(const AttnParams& p, int n_threads);
+void attention_avx512(const AttnParams& p, int n_threads);  // attention_cpu_avx512.cpp
+void widen_row_avx2(KvDtype t, const void* src, int n, float* dst);
+void widen_row_avx512(KvDtype t, const void* src, int n, float* dst);
+}  // namespace detail
+
+}  // namespace infoflow::cpu

@@ -1,0 +1,229 @@
+// The tiled attention kernel of attention_cpu.h, written once over a vector traits type `V` and
+// instantiated per ISA by attention_cpu.cpp (AVX2) and attention_cpu_avx512.cpp (AVX-512).
+// Included by those two files alone. `V` provides:
+//   F (vector of L floats), L, NV (vectors per key tile: the tile is KT = L * NV keys, a whole
+//   score row of a tile lives in NV registers), RB (query rows per register block), DV (output
+//   vectors per P·V register block), zero/set1/load/store/fmadd/add/sub/mul, exp (of x <= 0),
+//   hmax/hsum, mask (scores of invisible keys to -inf) and widen (a row of K/V to fp32).
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "runtime/core/error.h"
+
+namespace infoflow::cpu::tiled {
+
+constexpr int kQueryBlock = 32;  // query tokens per task (times the g heads sharing a kv head)
+
+inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+template <class V>
+void attention(const AttnParams& p, int n_threads) {
+    using F = typename V::F;
+    constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB, DV = V::DV;
+    const int D = p.head_dim, H = p.n_head, Hkv = p.n_head_kv;
+    IF_CHECK(H > 0 && Hkv > 0 && H % Hkv == 0 && D > 0, "attention: bad head counts");
+    const bool wide = p.kv_dtype == KvDtype::f32;
+    IF_CHECK(wide ? (p.n_kv == 0 || (p.k && p.v)) : (p.n_kv == 0 || (p.k16 && p.v16)),
+             "attention: k/v missing for kv_dtype " << kv_dtype_name(p.kv_dtype));
+    const int g = H / Hkv;
+    const size_t stride = size_t(p.kv_stride > 0 ? p.kv_stride : Hkv * D);
+    const size_t esize = kv_dtype_size(p.kv_dtype);
+    const char* kbase =
+        wide ? reinterpret_cast<const char*>(p.k) : reinterpret_cast<const char*>(p.k16);
+    const char* vbase =
+        wide ? reinterpret_cast<const char*>(p.v) : reinterpret_cast<const char*>(p.v16);
+    const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(D));
+    const int n_q = p.n_q, n_kv = p.n_kv;
+    if (n_q == 0) return;
+    const bool groups = p.k_group != nullptr;
+    IF_CHECK(!groups || p.q_group, "attention: k_group given without q_group");
+    const int Dp = round_up(D, L * DV);  // padded head width (zeros), a whole number of blocks
+
+    // Position range of each key tile: the cut-off that skips a tile for a query block.
+    const int n_tiles = (n_kv + KT - 1) / KT;
+    std::vector<int32_t> tmin(n_tiles, INT32_MAX), tmax(n_tiles, INT32_MIN);
+    for (int j = 0; j < n_kv; ++j) {
+        tmin[j / KT] = std::min(tmin[j / KT], p.k_pos[j]);
+        tmax[j / KT] = std::max(tmax[j / KT], p.k_pos[j]);
+    }
+    const int n_qblocks = (n_q + kQueryBlock - 1) / kQueryBlock;
+    const int n_tasks = n_qblocks * Hkv;
+
+#pragma omp parallel num_threads(n_threads)
+    {
+        const int max_rows = round_up(kQueryBlock * g, RB);
+        std::vector<float> qb(size_t(max_rows) * Dp, 0.0f), ob(size_t(max_rows) * Dp);
+        std::vector<float> pt(size_t(max_rows) * KT), kt(size_t(D) * KT, 0.0f);
+        std::vector<float> vt(size_t(KT) * Dp, 0.0f), alpha(max_rows), m(max_rows);
+        std::vector<double> l(max_rows);
+        std::vector<int32_t> rpos(max_rows), rgrp(max_rows);
+        std::vector<float> krow(Dp);
+        alignas(64) int32_t kpos[KT];
+        alignas(64) int32_t kgrp[KT];
+
+        // Later query blocks see more keys: hand them out first.
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < n_tasks; ++task) {
+            const int qblk = n_qblocks - 1 - task / Hkv;
+            const int hk = task % Hkv;
+            const int t0 = qblk * kQueryBlock;
+            const int nt = std::min(kQueryBlock, n_q - t0);
+            const int rows = nt * g, rows_p = round_up(rows, RB);
+
+            // Row r = t * g + gi <-> token t0 + t, query head hk * g + gi. Padding rows see
+            // no key (position INT32_MIN).
+            int32_t max_qpos = INT32_MIN;
+            for (int r = 0; r < rows_p; ++r) {
+                float* dst = qb.data() + size_t(r) * Dp;
+                if (r < rows) {
+                    const int t = r / g, gi = r % g;
+                    const float* src = p.q + (size_t(t0 + t) * H + hk * g + gi) * D;
+                    for (int d = 0; d < D; ++d) dst[d] = src[d] * scale;
+                    rpos[r] = p.q_pos[t0 + t];
+                    rgrp[r] = groups ? p.q_group[t0 + t] : 0;
+                    max_qpos = std::max(max_qpos, rpos[r]);
+                } else {
+                    std::fill(dst, dst + D, 0.0f);
+                    rpos[r] = INT32_MIN;
+                    rgrp[r] = 0;
+                }
+            }
+            std::fill(ob.begin(), ob.begin() + size_t(rows_p) * Dp, 0.0f);
+            std::fill(m.begin(), m.begin() + rows_p, -INFINITY);
+            std::fill(l.begin(), l.begin() + rows_p, 0.0);
+
+            for (int ti = 0; ti < n_tiles; ++ti) {
+                if (tmin[ti] > max_qpos) continue;  // every key after every query of the block
+                const int j0 = ti * KT, nk = std::min(KT, n_kv - j0);
+                for (int j = 0; j < KT; ++j) {
+                    kpos[j] = j < nk ? p.k_pos[j0 + j] : INT32_MAX;
+                    kgrp[j] = j < nk && groups ? p.k_group[j0 + j] : -1;
+                }
+                // K^T [D, KT] and V [KT, Dp] of the tile in fp32.
+                for (int j = 0; j < nk; ++j) {
+                    const size_t at = ((size_t(j0) + j) * stride + size_t(hk) * D) * esize;
+                    V::widen(p.kv_dtype, kbase + at, D, krow.data());
+                    for (int d = 0; d < D; ++d) kt[size_t(d) * KT + j] = krow[d];
+                    V::widen(p.kv_dtype, vbase + at, D, vt.data() + size_t(j) * Dp);
+                }
+                for (int j = nk; j < KT; ++j) {  // P is 0 there; keep V finite
+                    std::fill(vt.begin() + size_t(j) * Dp, vt.begin() + size_t(j) * Dp + D, 0.0f);
+                }
+                // Rows that see every key of the tile need no mask (most of a causal prefill).
+                const bool plain = !groups && nk == KT;
+
+                for (int r0 = 0; r0 < rows_p; r0 += RB) {
+                    bool live = false;
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; ++r) live = live || rpos[r0 + r] >= tmin[ti];
+                    if (!live) continue;
+                    // Scores of RB rows x KT keys, in registers.
+                    F acc[RB][NV];
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
+                        for (int v = 0; v < NV; ++v) acc[r][v] = V::zero();
+                    const float* q0 = qb.data() + size_t(r0) * Dp;
+                    for (int d = 0; d < D; ++d) {
+                        F kv[NV];
+#pragma GCC unroll 16
+                        for (int v = 0; v < NV; ++v)
+                            kv[v] = V::load(kt.data() + size_t(d) * KT + v * L);
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; ++r) {
+                            const F b = V::set1(q0[size_t(r) * Dp + d]);
+#pragma GCC unroll 16
+                            for (int v = 0; v < NV; ++v) acc[r][v] = V::fmadd(b, kv[v], acc[r][v]);
+                        }
+                    }
+// Mask, tile maximum, exp and sum while the scores are in registers.
+#pragma GCC unroll 16
+                    for (int r = 0; r < RB; ++r) {
+                        const int row = r0 + r;
+                        float* prow = pt.data() + size_t(row) * KT;
+                        if (!(plain && tmax[ti] <= rpos[row])) {
+#pragma GCC unroll 16
+                            for (int v = 0; v < NV; ++v)
+                                acc[r][v] = V::mask(acc[r][v], kpos + v * L, kgrp + v * L,
+                                                    rpos[row], rgrp[row], groups);
+                        }
+                        F mx = acc[r][0];
+#pragma GCC unroll 16
+                        for (int v = 1; v < NV; ++v) mx = V::max(mx, acc[r][v]);
+                        const float tm = V::hmax(mx);
+                        if (tm == -INFINITY) {  // nothing visible in this tile
+#pragma GCC unroll 16
+                            for (int v = 0; v < NV; ++v) V::store(prow + v * L, V::zero());
+                            alpha[row] = 1.0f;
+                            continue;
+                        }
+                        const float m_new = std::max(m[row], tm);
+                        const F mv = V::set1(m_new);
+                        F sum = V::zero();
+#pragma GCC unroll 16
+                        for (int v = 0; v < NV; ++v) {
+                            const F e = V::exp(V::sub(acc[r][v], mv));
+                            V::store(prow + v * L, e);
+                            sum = V::add(sum, e);
+                        }
+                        alpha[row] = std::exp(m[row] - m_new);  // 0 for the first visible tile
+                        l[row] = l[row] * alpha[row] + double(V::hsum(sum));
+                        m[row] = m_new;
+                    }
+                    // o = alpha * o + P V for the RB rows, DV output vectors at a time.
+                    for (int dc = 0; dc < Dp; dc += DV * L) {
+                        F o[RB][DV];
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; ++r) {
+                            const F a = V::set1(alpha[r0 + r]);
+#pragma GCC unroll 16
+                            for (int v = 0; v < DV; ++v)
+                                o[r][v] = V::mul(
+                                    a, V::load(ob.data() + size_t(r0 + r) * Dp + dc + v * L));
+                        }
+                        for (int j = 0; j < nk; ++j) {
+                            const float* vj = vt.data() + size_t(j) * Dp + dc;
+                            F vv[DV];
+#pragma GCC unroll 16
+                            for (int v = 0; v < DV; ++v) vv[v] = V::load(vj + v * L);
+#pragma GCC unroll 16
+                            for (int r = 0; r < RB; ++r) {
+                                const F b = V::set1(pt[size_t(r0 + r) * KT + j]);
+#pragma GCC unroll 16
+                                for (int v = 0; v < DV; ++v) o[r][v] = V::fmadd(b, vv[v], o[r][v]);
+                            }
+                        }
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
+                            for (int v = 0; v < DV; ++v)
+                                V::store(ob.data() + size_t(r0 + r) * Dp + dc + v * L, o[r][v]);
+                    }
+                }
+            }
+
+            for (int r = 0; r < rows; ++r) {
+                const int t = r / g, h = hk * g + r % g;
+                float* dst = p.out + (size_t(t0 + t) * H + h) * D;
+                const float* o = ob.data() + size_t(r) * Dp;
+                if (l[r] > 0.0) {
+                    const float inv = float(1.0 / l[r]);
+                    for (int d = 0; d < D; ++d) dst[d] = o[d] * inv;
+                    if (p.lse) p.lse[size_t(t0 + t) * H + h] = m[r] + float(std::log(l[r]));
+                } else {
+                    std::fill(dst, dst + D, 0.0f);
+                    if (p.lse) p.lse[size_t(t0 + t) * H + h] = -INFINITY;
+                }
+            }
+        }
+    }
+}
+
+}  // namespace infoflow::cpu::tiled
