@@ -118,7 +118,7 @@ class RecurrentForward::Tap final : public LayerTap {
             be.upload(col.data(), host.data(), host.size() * sizeof(float));
             ScoreParams sp;
             sp.q = q;
-            sp.k = cache.k(layer);
+            cache.score_k(layer, 0, sp);  // k (or k16) in the cache's type
             sp.lse = lse;
             sp.q_pos = pos;
             sp.k_pos = cache.pos_data();
