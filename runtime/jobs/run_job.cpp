@@ -31,7 +31,9 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
         comm,
         s->weights->fingerprint + (s->tokenizer ? "-" + hex64(s->tokenizer->fingerprint()) : ""),
         s->weights->source);
-    s->devices = gather_devices(comm, *s->backend);
+    s->placement = gather_placement(comm, *s->backend);
+    for (const RankPlacement& p : s->placement) s->devices.push_back(p.device);
+    progress::note("placement: " + placement_summary(s->placement));
     nlohmann::json result;
     switch (cfg.job) {
         case Config::Job::answer:
@@ -56,7 +58,10 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     if (comm.rank() == 0 && result.is_object()) {
         add_provenance(result, cfg, comm.size(), start_time);
     }
-    if (comm.rank() == 0 && result.is_object()) result["devices"] = s->devices;  // by rank
+    if (comm.rank() == 0 && result.is_object()) {
+        result["devices"] = s->devices;                     // by rank
+        result["placement"] = placement_json(s->placement);  // by rank
+    }
     if (!cfg.output.path.empty() && comm.rank() == 0) {
         write_file_atomic(cfg.output.path, result.dump(2) + "\n");
         std::printf("results    : %s\n", cfg.output.path.c_str());
