@@ -2,9 +2,9 @@
 // that the factory (comm/communicator.cpp) uses without including mpi.h.
 #include "comm/mpi_env.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <chrono>
 #include <exception>
 #include <system_error>
 #include <thread>
@@ -73,8 +73,8 @@ void MpiEnv::arm_abort_deadline(int code) {
         std::thread([code, rank, size] {
             std::this_thread::sleep_for(std::chrono::duration<double>(k_abort_grace_s));
             std::fprintf(stderr,
-                         "[rank %d/%d] MPI_Abort did not end the job within %g s; exiting\n",
-                         rank, size, k_abort_grace_s);
+                         "[rank %d/%d] MPI_Abort did not end the job within %g s; exiting\n", rank,
+                         size, k_abort_grace_s);
             std::fflush(stderr);
             std::_Exit(code);
         }).detach();

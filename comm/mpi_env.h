@@ -41,11 +41,11 @@ class MpiEnv : public CommEnv {
     [[noreturn]] static void abort_world(int code);
     // Makes sure this process ends with `code` within k_abort_grace_s from now, whatever
     // MPI_Abort does: a detached thread sleeps that long, then calls _Exit(code). Call it right
-    // before MPI_Abort. Why: MPI_Abort asks the launcher (Open MPI's local daemon, then mpirun)
-    // to end the job and waits for it; when the link to another node is dead -- the very fault
-    // the watchdog reports -- that request never arrives and MPI_Abort blocks for as long as
-    // the kernel keeps the TCP connection (many minutes), so the rank would hang after having
-    // named the fault. A healthy launcher ends the job well within the grace period.
+    // before MPI_Abort. Why: MPI_Abort hands the abort to the launcher (Open MPI's daemon on
+    // this node, which passes it to mpirun) and waits for it; where that daemon hangs or waits
+    // itself for a node it cannot reach -- the kind of fault the watchdog reports -- MPI_Abort
+    // never returns and the rank would stay after having named the fault (the CTest case
+    // multinode_cutlink_hung). A working launcher ends the job well within the grace period.
     static void arm_abort_deadline(int code);
     static constexpr double k_abort_grace_s = 2.0;
 

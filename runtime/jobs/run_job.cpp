@@ -26,7 +26,8 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     std::unique_ptr<Session> s = open_session(cfg, comm.local_rank());
     progress::phase_end("load", s->load_ms);
     s->comm = &comm;
-    // Every rank must have loaded the same model: weights, shapes and tokenizer (docs/design.md §11).
+    // Every rank must have loaded the same model: weights, shapes and tokenizer (docs/design.md
+    // §11).
     check_same_model(
         comm,
         s->weights->fingerprint + (s->tokenizer ? "-" + hex64(s->tokenizer->fingerprint()) : ""),
@@ -59,7 +60,7 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
         add_provenance(result, cfg, comm.size(), start_time);
     }
     if (comm.rank() == 0 && result.is_object()) {
-        result["devices"] = s->devices;                     // by rank
+        result["devices"] = s->devices;                      // by rank
         result["placement"] = placement_json(s->placement);  // by rank
     }
     if (!cfg.output.path.empty() && comm.rank() == 0) {

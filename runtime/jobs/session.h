@@ -3,10 +3,9 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "kernels/backend.h"
 #include "runtime/config/config.h"

@@ -15,7 +15,10 @@
 #                 non-zero with a message naming that rank; nothing is left behind
 #       cutlink - the link between the hosts goes down while both ranks are in recompute: the
 #                 application's deadline (parallel.timeout_s) ends every rank within timeout +
-#                 10 s with a message naming the unreachable rank; nothing is left behind
+#                 10 s with a message naming the unreachable rank (each rank names the
+#                 other); nothing is left behind
+#       cutlink_hung - the same, and host B's Open MPI daemon is stopped as well: rank 1's
+#                 MPI_Abort cannot return, its bounded abort (a 2 s hard exit) ends it
 # Exits 77 (skipped) where network namespaces cannot be made (not root, no `ip`, or the
 # kernel refuses). Everything made (namespaces, veth ends, processes) is removed on exit, also
 # on failure.
@@ -60,11 +63,12 @@ ip -n "$nsA" addr add "$addrA/24" dev "$vethA" && ip -n "$nsB" addr add "$addrB/
     && ip -n "$nsA" link set "$vethA" up && ip -n "$nsB" link set "$vethB" up \
     && ip -n "$nsA" link set lo up && ip -n "$nsB" link set lo up || fail "cannot set up the veth pair"
 # When a link dies, the ranks end by their own deadline (the watchdog); Open MPI's daemons
-# (mpirun, orted) end once TCP gives up on their connection over that link. With Linux's
-# default of 15 retransmissions that takes about 15 minutes; the test's hosts give up after 3
-# (a few seconds).
+# (mpirun, orted) end once TCP gives up on their connections over that link. With Linux's
+# default of 15 retransmissions that takes about 15 minutes; the test's hosts give up after 5
+# (about 13 s after the first unanswered packet): later than the ranks' deadline (5 s, plus 3 s
+# of survey and 2 s of MPI_Abort), so that the deadline, not a failing socket, ends the ranks.
 for ns in "$nsA" "$nsB"; do
-    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2=3 || fail "cannot set tcp_retries2 in $ns"
+    ip netns exec "$ns" sysctl -qw net.ipv4.tcp_retries2=5 || fail "cannot set tcp_retries2 in $ns"
 done
 # No default route in either namespace: nothing can leave the test subnet.
 ip -n "$nsA" route | grep -q default && fail "namespace $nsA has a default route"
@@ -99,7 +103,8 @@ same() {
 import json, socket, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 per_host, ns_a, ns_b = int(sys.argv[3]), sys.argv[4], sys.argv[5]
-what = f"{b['method']} exchange {b['config']['parallel']['exchange']} on {b['ranks']} ranks"
+what = b["method"] + ("" if b["method"] == "ring" else " exchange " +
+                     b["config"]["parallel"]["exchange"]) + f" on {b['ranks']} ranks"
 for k in ["ranks", "answer", "selected_positions", "first_token_top", "context_tokens"]:
     assert a[k] == b[k], f"{what}: {k} differs: local {a[k]!r} vs two hosts {b[k]!r}"
 pa = {p["name"]: (p["bytes_sent"], p["bytes_recv"]) for p in a["phases"]}
@@ -204,19 +209,30 @@ kill)
     [ ! -e "$tmp/r.json" ] || fail "--out written by a failed job"
     echo "ok: rank 1 (pid $victim on $nsB) killed in recompute; job ended rc=$rc after $took s"
     ;;
-cutlink)
+cutlink | cutlink_hung)
     timeout_s=5
+    # --output-filename: each rank's output goes to a file written on its own host, so rank 1's
+    # message is seen although host B cannot forward it to mpirun any more.
     INFOFLOW_INJECT_FAULT="1:recompute:stop" timeout -k 5 120 "$agent" "$nsA" "$mpiexec" -n 2 \
-        --host "$addrA,$addrB" "${net[@]}" -x INFOFLOW_INJECT_FAULT "$bin" "${common[@]}" \
+        --host "$addrA,$addrB" "${net[@]}" -x INFOFLOW_INJECT_FAULT \
+        --output-filename "$tmp/ranks" "$bin" "${common[@]}" \
         --set parallel.timeout_s=$timeout_s --out "$tmp/r.json" > "$tmp/out.txt" 2>&1 &
     job=$!
-    # Rank 1 stops itself entering recompute (rank 0 is then waiting in recompute's first
-    # collective); the link goes down, and rank 1 continues into a collective it cannot finish.
+    # Rank 1 stops itself entering recompute (rank 0 goes on into recompute's first collective
+    # and waits there); the link goes down, and rank 1 continues into a collective it cannot
+    # finish.
     stopped=$(stopped_rank_pid "$nsB") || { cat "$tmp/out.txt"; fail "rank 1 never reached recompute"; }
     ip -n "$nsA" link set "$vethA" down || fail "cannot cut the link"
     t0=$(date +%s.%N)
+    if [ "$case_name" = cutlink_hung ]; then
+        # Host B's daemon hangs too: rank 1's MPI_Abort, which waits for that daemon, never
+        # returns, and only the rank's own bounded abort (2 s) ends it.
+        for p in $(ip netns pids "$nsB"); do
+            [ "$(ps -o comm= -p "$p")" = orted ] && kill -STOP "$p" && echo "stopped orted $p on $nsB"
+        done
+    fi
     kill -CONT "$stopped"
-    # The ranks must end by their own deadline; the launcher may not (it cannot reach host B).
+    # The ranks must end by their own deadline, within timeout + 10 s.
     ranks_gone=""
     for _ in $(seq 1 $(((timeout_s + 10) * 10))); do
         if [ -z "$(pgrep -x infoflow_sp | while read -r p; do
@@ -228,17 +244,32 @@ cutlink)
     done
     [ -n "$ranks_gone" ] || { ps -ef | grep -F "$tmp" | grep -v grep; cat "$tmp/out.txt";
                               fail "a rank still runs $timeout_s + 10 s after the link was cut"; }
-    wait_gone 10
+    if [ "$case_name" = cutlink_hung ]; then
+        cat "$tmp/out.txt"
+        grep -qF "[rank 0/2] error: rank 1 did not reach recompute/" "$tmp/out.txt" \
+            || fail "rank 0 does not name the unreachable rank 1"
+        echo "ok: link cut and host B's daemon stopped in recompute: both ranks gone after" \
+             "$ranks_gone s (limit $timeout_s + 10 s); the stopped daemon is removed on exit"
+        exit 0
+    fi
+    # Then mpirun and the daemon on host B end once TCP gives up on their connection (about
+    # 13 s after their first unanswered packet, see tcp_retries2 above).
+    wait_gone 30
     wait "$job"
     rc=$?
     took=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
     cat "$tmp/out.txt"
+    for f in "$tmp"/ranks/*/rank.*/stderr; do echo "--- $f"; cat "$f"; done
     [ "$rc" -ne 0 ] || fail "the job exited 0 over a cut link"
     grep -qF "[rank 0/2] error: rank 1 did not reach recompute/" "$tmp/out.txt" \
         || fail "rank 0 does not name the unreachable rank 1"
     grep -qF "within $timeout_s s" "$tmp/out.txt" || fail "message lacks the deadline"
+    err1=$(echo "$tmp"/ranks/*/rank.1/stderr)
+    grep -qF "[rank 1/2] error: rank 0 did not reach recompute/" "$err1" \
+        || fail "rank 1 (host B) did not end by its own deadline naming rank 0"
     [ ! -e "$tmp/r.json" ] || fail "--out written by a failed job"
-    echo "ok: link cut in recompute: ranks gone after $ranks_gone s, job ended rc=$rc after $took s"
+    echo "ok: link cut in recompute: both ranks named the other and were gone after" \
+         "$ranks_gone s (limit $timeout_s + 10 s); mpirun ended rc=$rc after $took s; nothing left"
     ;;
 *) fail "unknown case $case_name" ;;
 esac
