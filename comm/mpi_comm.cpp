@@ -360,6 +360,7 @@ void MpiComm::abort(int code, const std::string& msg) {
     std::fflush(stdout);
     std::fprintf(stderr, "[rank %d/%d] error: %s\n", rank(), size(), msg.c_str());
     std::fflush(stderr);
+    MpiEnv::arm_abort_deadline(code);  // MPI_Abort may block over a dead link (see there)
     MPI_Abort(comm_, code);
     std::_Exit(code);
 }

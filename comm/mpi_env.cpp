@@ -2,9 +2,12 @@
 // that the factory (comm/communicator.cpp) uses without including mpi.h.
 #include "comm/mpi_env.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <system_error>
+#include <thread>
 
 #include "comm/mpi_comm.h"
 #include "runtime/core/error.h"
@@ -63,7 +66,25 @@ int MpiEnv::world_size() {
     return n;
 }
 
+void MpiEnv::arm_abort_deadline(int code) {
+    // Rank and size now: the thread must not call MPI (MPI_THREAD_FUNNELED).
+    const int rank = world_rank(), size = world_size();
+    try {
+        std::thread([code, rank, size] {
+            std::this_thread::sleep_for(std::chrono::duration<double>(k_abort_grace_s));
+            std::fprintf(stderr,
+                         "[rank %d/%d] MPI_Abort did not end the job within %g s; exiting\n", rank,
+                         size, k_abort_grace_s);
+            std::fflush(stderr);
+            std::_Exit(code);
+        }).detach();
+    } catch (const std::system_error&) {
+        // No thread: MPI_Abort alone has to end the process.
+    }
+}
+
 void MpiEnv::abort_world(int code) {
+    arm_abort_deadline(code);
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
 }

@@ -36,8 +36,18 @@ class MpiEnv : public CommEnv {
     // Rank and size in MPI_COMM_WORLD; MPI must be initialized.
     static int world_rank();
     static int world_size();
-    // MPI_Abort(MPI_COMM_WORLD, code); falls back to _Exit(code) if that returns.
+    // MPI_Abort(MPI_COMM_WORLD, code); falls back to _Exit(code) if that returns or takes
+    // longer than k_abort_grace_s (arm_abort_deadline).
     [[noreturn]] static void abort_world(int code);
+    // Makes sure this process ends with `code` within k_abort_grace_s from now, whatever
+    // MPI_Abort does: a detached thread sleeps that long, then calls _Exit(code). Call it right
+    // before MPI_Abort. Why: MPI_Abort hands the abort to the launcher (Open MPI's daemon on
+    // this node, which passes it to mpirun) and waits for it; where that daemon hangs or waits
+    // itself for a node it cannot reach -- the kind of fault the watchdog reports -- MPI_Abort
+    // never returns and the rank would stay after having named the fault (the CTest case
+    // multinode_cutlink_hung). A working launcher ends the job well within the grace period.
+    static void arm_abort_deadline(int code);
+    static constexpr double k_abort_grace_s = 2.0;
 
   private:
     bool owns_init_ = false;

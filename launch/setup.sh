@@ -11,10 +11,11 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 packages=(cmake g++ make pkg-config python3 python3-pip unzip
           openmpi-bin libopenmpi-dev libopenblas-dev catch2 libhdf5-dev hdf5-tools
           nlohmann-json3-dev libtomlplusplus-dev libpcre2-dev libutf8proc-dev
-          python3-jsonschema slurm-wlm munge python3-h5py
+          python3-jsonschema slurm-wlm munge python3-h5py iproute2
           clang-14 libclang-rt-14-dev libomp-14-dev)
 # python3-jsonschema: the result-schema test; python3-h5py: the KV store tests read stores;
-# slurm-wlm + munge: the one-node Slurm test cluster;
+# slurm-wlm + munge: the one-node Slurm test cluster; iproute2 (ip netns, veth): the two-host
+# multinode tests;
 # clang-14 (+ compiler-rt, OpenMP): the sanitizer build and libFuzzer targets.
 
 sudo_cmd=""

@@ -105,6 +105,7 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
                 s.weights->source.c_str(), s.backend->name().c_str(), cfg.model.threads, r.ranks,
                 r.ranks > 1 ? "s" : "", to_string(cfg.parallel.exchange));
     std::printf("device     : %s\n", devices_summary(s.devices).c_str());
+    std::printf("placement  : %s\n", placement_summary(s.placement).c_str());
     std::printf("method     : %s  ratio %.3f  layout %s%s\n", r.method.c_str(), cfg.method.ratio,
                 to_string(cfg.scoring.layout), cfg.method.reorder ? "  reorder" : "");
     std::printf("context    : %d tokens in %d chunks, suffix %d tokens\n", r.context_tokens,

@@ -26,12 +26,15 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     std::unique_ptr<Session> s = open_session(cfg, comm.local_rank());
     progress::phase_end("load", s->load_ms);
     s->comm = &comm;
-    // Every rank must have loaded the same model: weights, shapes and tokenizer (docs/design.md §11).
+    // Every rank must have loaded the same model: weights, shapes and tokenizer (docs/design.md
+    // §11).
     check_same_model(
         comm,
         s->weights->fingerprint + (s->tokenizer ? "-" + hex64(s->tokenizer->fingerprint()) : ""),
         s->weights->source);
-    s->devices = gather_devices(comm, *s->backend);
+    s->placement = gather_placement(comm, *s->backend);
+    for (const RankPlacement& p : s->placement) s->devices.push_back(p.device);
+    progress::note("placement: " + placement_summary(s->placement));
     nlohmann::json result;
     switch (cfg.job) {
         case Config::Job::answer:
@@ -62,7 +65,10 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     if (comm.rank() == 0 && result.is_object()) {
         add_provenance(result, cfg, comm.size(), start_time);
     }
-    if (comm.rank() == 0 && result.is_object()) result["devices"] = s->devices;  // by rank
+    if (comm.rank() == 0 && result.is_object()) {
+        result["devices"] = s->devices;                      // by rank
+        result["placement"] = placement_json(s->placement);  // by rank
+    }
     if (!cfg.output.path.empty() && comm.rank() == 0) {
         write_file_atomic(cfg.output.path, result.dump(2) + "\n");
         std::printf("results    : %s\n", cfg.output.path.c_str());

@@ -1,9 +1,11 @@
 #include "runtime/jobs/session.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "comm/communicator.h"
@@ -57,19 +59,66 @@ std::unique_ptr<Session> open_session(const Config& cfg, int local_rank) {
     return s;
 }
 
-std::vector<std::string> gather_devices(Communicator& comm, const Backend& backend) {
-    // Fixed-size records: a device name is short; longer ones are cut.
-    constexpr size_t kRecord = 128;
+std::vector<RankPlacement> gather_placement(Communicator& comm, const Backend& backend) {
+    // Fixed-size records: host name [64], device name [128], local rank and size as text [32].
+    constexpr size_t kHost = 64, kDevice = 128, kLocal = 32, kRecord = kHost + kDevice + kLocal;
     char mine[kRecord] = {};
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+    std::memcpy(mine, host, std::min(std::strlen(host), kHost - 1));
     const std::string d = backend.device();
-    std::memcpy(mine, d.data(), std::min(d.size(), kRecord - 1));
+    std::memcpy(mine + kHost, d.data(), std::min(d.size(), kDevice - 1));
+    std::snprintf(mine + kHost + kDevice, kLocal, "%d %d", comm.local_rank(), comm.local_size());
     std::vector<char> all(kRecord * size_t(comm.size()));
     {
         PhaseScope scope(comm, "placement");
         comm.all_gather(mine, kRecord, all.data());
     }
-    std::vector<std::string> out;
-    for (int r = 0; r < comm.size(); ++r) out.emplace_back(all.data() + size_t(r) * kRecord);
+    std::vector<RankPlacement> out;
+    for (int r = 0; r < comm.size(); ++r) {
+        const char* rec = all.data() + size_t(r) * kRecord;
+        RankPlacement p;
+        p.rank = r;
+        p.host.assign(rec, strnlen(rec, kHost));
+        p.device.assign(rec + kHost, strnlen(rec + kHost, kDevice));
+        IF_CHECK(std::sscanf(rec + kHost + kDevice, "%d %d", &p.local_rank, &p.local_size) == 2,
+                 "placement record of rank " << r << " is malformed");
+        out.push_back(std::move(p));
+    }
+    return out;
+}
+
+std::string placement_summary(const std::vector<RankPlacement>& placement) {
+    std::vector<std::string> hosts;  // in the order of their first rank
+    for (const RankPlacement& p : placement) {
+        if (std::find(hosts.begin(), hosts.end(), p.host) == hosts.end()) hosts.push_back(p.host);
+    }
+    std::string s = std::to_string(hosts.size()) + (hosts.size() == 1 ? " host: " : " hosts: ");
+    for (size_t h = 0; h < hosts.size(); ++h) {
+        std::string ranks, locals;
+        int local_size = 0;
+        for (const RankPlacement& p : placement) {
+            if (p.host != hosts[h]) continue;
+            ranks += (ranks.empty() ? "" : ",") + std::to_string(p.rank);
+            locals += (locals.empty() ? "" : ",") + std::to_string(p.local_rank);
+            local_size = p.local_size;
+        }
+        s += (h ? "; " : "") + (hosts[h].empty() ? std::string("?") : hosts[h]) + " rank" +
+             (ranks.find(',') == std::string::npos ? " " : "s ") + ranks + " (local " + locals +
+             " of " + std::to_string(local_size) + ")";
+    }
+    return s;
+}
+
+nlohmann::json placement_json(const std::vector<RankPlacement>& placement) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const RankPlacement& p : placement) {
+        out.push_back({{"rank", p.rank},
+                       {"host", p.host},
+                       {"local_rank", p.local_rank},
+                       {"local_size", p.local_size},
+                       {"device", p.device}});
+    }
     return out;
 }
 

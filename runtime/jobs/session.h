@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,17 @@ namespace infoflow {
 
 class Communicator;
 
+// Where one rank ran (docs/results-schema.md "placement"): its host name, its rank among the
+// ranks of that host (Communicator::local_rank: MPI_Comm_split_type SHARED under MPI) and
+// their count, and its backend device.
+struct RankPlacement {
+    int rank = 0;
+    std::string host;
+    int local_rank = 0;
+    int local_size = 1;
+    std::string device;
+};
+
 struct Session {
     std::unique_ptr<ModelWeights> weights;
     std::unique_ptr<Backend> backend;
@@ -25,8 +37,11 @@ struct Session {
     std::unique_ptr<ChatTemplate> chat;    // null for random: models
     double load_ms = 0.0;
     Communicator* comm = nullptr;  // the job's ranks (a single-process communicator on one rank)
-    // Backend::device() of every rank, by rank (gather_devices); summaries and result JSON.
+    // Backend::device() of every rank, by rank (from gather_placement); summaries and result
+    // JSON "devices".
     std::vector<std::string> devices;
+    // Where every rank ran, by rank (gather_placement); result JSON "placement".
+    std::vector<RankPlacement> placement;
 
     const Tokenizer& tok() const;  // errors when the model has no tokenizer
     const ChatTemplate& chat_template() const;
@@ -36,9 +51,13 @@ struct Session {
 // local_rank % (visible devices).
 std::unique_ptr<Session> open_session(const Config& cfg, int local_rank = 0);
 
-// Backend::device() of every rank of `comm`, by rank (collective; its bytes are counted under
-// the phase "placement", outside every method phase).
-std::vector<std::string> gather_devices(Communicator& comm, const Backend& backend);
+// The placement of every rank of `comm`, by rank (collective; its bytes are counted under the phase
+// "placement", outside every method phase). Every rank gets the same vector.
+std::vector<RankPlacement> gather_placement(Communicator& comm, const Backend& backend);
+// One line for the run summary: "2 hosts: nodeA ranks 0 (local 0/1); nodeB ranks 1 (local
+// 0/1)" -- ranks grouped by host in the order of their first rank.
+std::string placement_summary(const std::vector<RankPlacement>& placement);
+nlohmann::json placement_json(const std::vector<RankPlacement>& placement);
 // "cuda:0 NVIDIA H200 (...)" when all ranks name one device, else "rank 0: ..., rank 1: ...".
 std::string devices_summary(const std::vector<std::string>& devices);
 

@@ -235,6 +235,10 @@ assert a1["model"]["bytes"] == os.path.getsize(model) and a1["model"]["file"] ==
 assert a1["model"]["hash"] == a2["model"]["hash"] and a1["model"]["hash_scope"] == "whole"
 assert a2["threads_per_rank"] == 1 and a1["threads_per_rank"] == 2
 assert b["model"]["hash_scope"] == "name"
+# Placement: both ranks of the local 2-rank run on this host, node-local ranks 0 and 1.
+pl = json.load(open(f"{tmp}/answer2.json"))["placement"]
+assert [(p["rank"], p["host"], p["local_rank"], p["local_size"], p["device"]) for p in pl] == \
+    [(r, socket.gethostname(), r, 2, "cpu") for r in range(2)], pl
 print("ok: provenance", a1["tool"]["commit"], a1["model"]["hash"], a1["host"]["cpu"]["model"])
 PY
     ;;
