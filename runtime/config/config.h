@@ -45,6 +45,8 @@ struct Config {
     enum class RingExchange { p2p, allgather };
     enum class StoreMode { read, read_write };
     enum class StoreDType { f16, bf16, f32 };
+    enum class Weights { native, f32 };             // model.weights
+    enum class CpuIsa { automatic, avx2, avx512 };  // cpu.isa ("auto")
 
     static constexpr int k_default_chunk_size = 2048;
 
@@ -55,6 +57,10 @@ struct Config {
         int threads = 2;            // CPU threads per rank; 0 = all cores (OpenMP default)
         DType dtype = DType::fp32;  // compute type of weights and activations
         bool check_finite = true;   // reject NaN/Inf in the loaded weights, naming the tensor
+        Weights weights = Weights::native;  // CPU: matrices kept in the file's stored type
+    };
+    struct CpuSection {
+        CpuIsa isa = CpuIsa::automatic;  // CPU kernel path (kernels/cpu/cpu_features.h)
     };
     struct RequestSection {
         std::string system;                  // system prompt (part of chunk 0)
@@ -160,6 +166,7 @@ struct Config {
 
     Job job = Job::answer;
     ModelSection model;
+    CpuSection cpu;
     RequestSection request;
     ChunkingSection chunking;
     MethodSection method;
@@ -192,6 +199,8 @@ bool operator!=(const Config& a, const Config& b);
 const char* to_string(Config::Job v);
 const char* to_string(Config::Backend v);
 const char* to_string(Config::DType v);
+const char* to_string(Config::Weights v);
+const char* to_string(Config::CpuIsa v);
 const char* to_string(Config::Template v);
 const char* to_string(Config::ChatTemplate v);
 const char* to_string(Config::ChunkMode v);
