@@ -126,6 +126,10 @@ struct NativeMatrix {
     int cols = 0;
     size_t row_bytes = 0;
     const uint8_t* data = nullptr;  // [rows, row_bytes]
+    // Small batches: multiply with the fp32 activations (each weight row dequantized to fp32 in
+    // cache first) instead of 8-bit quantized ones; for products whose rounding a caller cannot
+    // afford (the LM head: the logits themselves).
+    bool fp32_activations = false;
 };
 
 class Backend {

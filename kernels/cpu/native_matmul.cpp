@@ -26,7 +26,8 @@ void dot_path(const float* x, const NativeMatrix& w, const float* bias, int n, f
     const QuantKernels& qk = quant_kernels();
     const int64_t k = w.cols;
     const int m = w.rows;
-    const bool quantized = native_type_quantized(w.type);
+    const bool quantized = native_type_quantized(w.type) && !w.fp32_activations;
+    const bool row_to_fp32 = native_type_quantized(w.type) && w.fp32_activations;
     std::vector<Q8Block> xq;
     if (quantized) {
         const int64_t nb = k / kQ8BlockElems;
@@ -35,15 +36,24 @@ void dot_path(const float* x, const NativeMatrix& w, const float* bias, int n, f
     }
     const int64_t nb = k / kQ8BlockElems;
     const int threads = std::max(1, std::min(n_threads, (m + 63) / 64));
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int j = 0; j < m; ++j) {
-        const uint8_t* row = w.data + size_t(j) * w.row_bytes;
-        const float b = bias ? bias[j] : 0.0f;
-        for (int i = 0; i < n; ++i) {
-            const float v = quantized ? qk.dot_q8(w.type, row, xq.data() + i * nb, k)
-                                      : qk.dot_f32(w.type, row, x + i * k, k);
-            float& o = out[size_t(i) * m + j];
-            o = (accumulate ? o : 0.0f) + v + b;
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<float> row32(row_to_fp32 ? size_t(k) : 0);
+#pragma omp for schedule(static)
+        for (int j = 0; j < m; ++j) {
+            const uint8_t* row = w.data + size_t(j) * w.row_bytes;
+            if (row_to_fp32) {
+                qk.dequantize(w.type, row, row32.data(), k);
+                row = reinterpret_cast<const uint8_t*>(row32.data());
+            }
+            const uint32_t ftype = row_to_fp32 ? ggml_id::f32 : w.type;
+            const float b = bias ? bias[j] : 0.0f;
+            for (int i = 0; i < n; ++i) {
+                const float v = quantized ? qk.dot_q8(w.type, row, xq.data() + i * nb, k)
+                                          : qk.dot_f32(ftype, row, x + i * k, k);
+                float& o = out[size_t(i) * m + j];
+                o = (accumulate ? o : 0.0f) + v + b;
+            }
         }
     }
 }

@@ -79,7 +79,8 @@ const float* Model::w(const std::vector<float>& v) {
 }
 
 void Model::mm(const float* x, const std::vector<float>& w32, const StoredMatrix& stored,
-               const float* bias, int n, int k, int m, float* out, bool accumulate) {
+               const float* bias, int n, int k, int m, float* out, bool accumulate,
+               bool fp32_activations) {
     if (stored.empty()) {
         backend_.matmul(x, w(w32), bias, n, k, m, out, accumulate);
         return;
@@ -90,6 +91,7 @@ void Model::mm(const float* x, const std::vector<float>& w32, const StoredMatrix
     nm.cols = int(stored.cols);
     nm.row_bytes = stored.row_bytes();
     nm.data = stored.bytes.data();
+    nm.fp32_activations = fp32_activations;
     backend_.matmul_native(x, nm, bias, n, out, accumulate);
 }
 
@@ -255,7 +257,9 @@ void Model::logits(const float* hidden, int n, float* out) {
         weights_.output_stored.empty() && weights_.output.empty() && !weights_.generated
             ? weights_.tok_embd_stored
             : weights_.output_stored;
-    mm(s_.xn.data(), lm_head(), head, nullptr, n, c.n_embd, c.n_vocab, out, false);
+    // The LM head multiplies fp32 activations: its products are the logits themselves, and 8-bit
+    // activations here would flip near-tied greedy choices the fp32 reference makes.
+    mm(s_.xn.data(), lm_head(), head, nullptr, n, c.n_embd, c.n_vocab, out, false, true);
 }
 
 void Model::rerotate_keys(float* k, int n, const int32_t* delta) {
