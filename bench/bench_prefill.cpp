@@ -1,9 +1,12 @@
 // CPU prefill throughput (tokens/s) of the forward pass: one exact causal prefill of n tokens
 // at a given thread count, warm-up then the median of N timed runs (nccl-tests style: a human
-// table, then one JSON line per measurement).
+// table, then one JSON line per measurement). With --decode CTX: decode throughput instead, the
+// median over runs of `--gen` single-token steps after a prefill of CTX tokens (each step: all
+// layers over the cache and the LM head, as a decoding user sees it).
 //
 // Usage: bench_prefill [--model PATH|random:smollm2-135m] [--lengths 512,2048,4096]
-//                      [--threads 1,2] [--runs 3] [--warmup 1]
+//                      [--threads 1,2] [--runs 3] [--warmup 1] [--weights native|f32]
+//                      [--decode CTX [--gen 64]] [--no-ops]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_features.h"
 #include "runtime/core/error.h"
 #include "runtime/model/model.h"
 #include "runtime/model/model_loader.h"
@@ -30,6 +34,10 @@ std::vector<int> parse_list(const std::string& s) {
     return out;
 }
 
+int32_t argmax_of(const std::vector<float>& v) {
+    return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
@@ -43,6 +51,9 @@ int main(int argc, char** argv) {
     std::vector<int> lengths = {512, 2048, 4096};
     std::vector<int> threads = {1, 2};
     int runs = 3, warmup = 1;
+    std::string weights_mode = "native";
+    int decode_ctx = 0, gen = 64;
+    bool ops = true;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         auto next = [&]() -> std::string {
@@ -62,22 +73,86 @@ int main(int argc, char** argv) {
             runs = std::stoi(next());
         else if (a == "--warmup")
             warmup = std::stoi(next());
+        else if (a == "--weights")
+            weights_mode = next();
+        else if (a == "--decode")
+            decode_ctx = std::stoi(next());
+        else if (a == "--gen")
+            gen = std::stoi(next());
+        else if (a == "--no-ops")
+            ops = false;
         else {
             std::fprintf(stderr,
                          "usage: bench_prefill [--model PATH] [--lengths a,b] "
-                         "[--threads a,b] [--runs N] [--warmup N]\n");
+                         "[--threads a,b] [--runs N] [--warmup N] [--weights native|f32] "
+                         "[--decode CTX [--gen N]] [--no-ops]\n");
             return 2;
         }
     }
     try {
-        const ModelWeights weights = load_model_weights(model_path);
+        IF_CHECK(weights_mode == "native" || weights_mode == "f32",
+                 "--weights must be native or f32, not '" << weights_mode << "'");
+        LoadOptions lo;
+        lo.native_weights = weights_mode == "native";
+        const ModelWeights weights = load_model_weights(model_path, lo);
+        const std::string wlabel = weights.has_stored() ? "native" : "f32";
+        const std::string isa = cpu::cpu_isa_summary();
         const ModelConfig& c = weights.config;
         auto backend = make_cpu_backend(1);
         Model model(*backend, weights);
         std::mt19937 rng(1234);
+        if (decode_ctx > 0) {
+            IF_CHECK(decode_ctx + gen <= c.n_ctx_train, "--decode + --gen exceed the positions");
+            std::vector<int32_t> tokens(decode_ctx), pos(decode_ctx);
+            for (int i = 0; i < decode_ctx; ++i) {
+                tokens[i] = int32_t(rng() % uint32_t(c.n_vocab));
+                pos[i] = i;
+            }
+            struct DRow {
+                int threads;
+                double med, lo, hi;
+            };
+            std::vector<DRow> drows;
+            for (int t : threads) {
+                backend->set_threads(t);
+                std::vector<double> rates;
+                for (int r = 0; r < warmup + runs; ++r) {
+                    KvCache cache = model.make_cache(decode_ctx + gen);
+                    std::vector<float> logits = model.forward(cache, tokens, pos);
+                    const auto t0 = std::chrono::steady_clock::now();
+                    for (int g = 0; g < gen; ++g) {
+                        const int32_t next_tok = argmax_of(logits);
+                        logits = model.forward(cache, {next_tok}, {decode_ctx + g});
+                    }
+                    const double s =
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                            .count();
+                    if (r >= warmup) rates.push_back(gen / s);
+                }
+                drows.push_back({t, median(rates), *std::min_element(rates.begin(), rates.end()),
+                                 *std::max_element(rates.begin(), rates.end())});
+                std::fprintf(stderr, "  decode threads=%d: %.1f tokens/s\n", t, drows.back().med);
+            }
+            std::printf(
+                "CPU decode throughput, %s (%s weights, cpu %s), %d steps after %d "
+                "context tokens\n",
+                model_path.c_str(), wlabel.c_str(), isa.c_str(), gen, decode_ctx);
+            std::printf("%8s %12s %12s %12s\n", "threads", "tokens/s", "min", "max");
+            for (const DRow& r : drows)
+                std::printf("%8d %12.1f %12.1f %12.1f\n", r.threads, r.med, r.lo, r.hi);
+            for (const DRow& r : drows) {
+                std::printf(
+                    "{\"bench\":\"decode\",\"model\":\"%s\",\"weights\":\"%s\",\"isa\":\"%s\","
+                    "\"context\":%d,\"gen\":%d,\"threads\":%d,\"runs\":%d,"
+                    "\"tokens_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f}\n",
+                    model_path.c_str(), wlabel.c_str(), isa.c_str(), decode_ctx, gen, r.threads,
+                    runs, r.med, r.lo, r.hi);
+            }
+            return 0;
+        }
         struct Row {
             int n, threads;
-            double ms, tok_s;
+            double ms, tok_s, lo, hi;  // median ms, tokens/s, tokens/s of the slowest/fastest
         };
         std::vector<Row> rows;
         for (int n : lengths) {
@@ -100,7 +175,10 @@ int main(int argc, char** argv) {
                     if (r >= warmup) times.push_back(ms);
                 }
                 const double ms = median(times);
-                rows.push_back({n, t, ms, n / (ms / 1000.0)});
+                const double slow = *std::max_element(times.begin(), times.end());
+                const double fast = *std::min_element(times.begin(), times.end());
+                rows.push_back(
+                    {n, t, ms, n / (ms / 1000.0), n / (slow / 1000.0), n / (fast / 1000.0)});
                 std::fprintf(stderr, "  n=%d threads=%d: %.1f ms\n", n, t, ms);
             }
         }
@@ -109,7 +187,7 @@ int main(int argc, char** argv) {
         const int n_big = *std::max_element(lengths.begin(), lengths.end());
         const int t_big = *std::max_element(threads.begin(), threads.end());
         backend->set_threads(t_big);
-        {
+        if (ops) {
             const int E = c.n_embd, F = c.n_ff, qd = c.n_head * c.head_dim;
             const int kd = c.n_head_kv * c.head_dim;
             std::vector<float> x(size_t(n_big) * std::max(F, E), 0.01f);
@@ -163,17 +241,23 @@ int main(int argc, char** argv) {
                 "\"attention_ms_per_layer\":%.3f,\"attention_gflops\":%.2f}\n",
                 n_big, t_big, mm, lin_flop / mm / 1e6, at, att_flop / at / 1e6);
         }
-        std::printf("\nCPU prefill throughput, %s (fp32, exact causal, logits of the last row)\n",
-                    model_path.c_str());
-        std::printf("%8s %8s %12s %12s\n", "tokens", "threads", "median ms", "tokens/s");
+        std::printf(
+            "\nCPU prefill throughput, %s (%s weights, cpu %s, fp32 activations, exact "
+            "causal, logits of the last row)\n",
+            model_path.c_str(), wlabel.c_str(), isa.c_str());
+        std::printf("%8s %8s %12s %12s %10s %10s\n", "tokens", "threads", "median ms", "tokens/s",
+                    "min", "max");
         for (const Row& r : rows) {
-            std::printf("%8d %8d %12.1f %12.1f\n", r.n, r.threads, r.ms, r.tok_s);
+            std::printf("%8d %8d %12.1f %12.1f %10.1f %10.1f\n", r.n, r.threads, r.ms, r.tok_s,
+                        r.lo, r.hi);
         }
         for (const Row& r : rows) {
             std::printf(
-                "{\"bench\":\"prefill\",\"model\":\"%s\",\"tokens\":%d,\"threads\":%d,"
-                "\"runs\":%d,\"median_ms\":%.3f,\"tokens_per_s\":%.2f}\n",
-                model_path.c_str(), r.n, r.threads, runs, r.ms, r.tok_s);
+                "{\"bench\":\"prefill\",\"model\":\"%s\",\"weights\":\"%s\",\"isa\":\"%s\","
+                "\"tokens\":%d,\"threads\":%d,\"runs\":%d,\"median_ms\":%.3f,"
+                "\"tokens_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f}\n",
+                model_path.c_str(), wlabel.c_str(), isa.c_str(), r.n, r.threads, runs, r.ms,
+                r.tok_s, r.lo, r.hi);
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

@@ -9,6 +9,16 @@ Buffer::~Buffer() {
     if (owner_ && ptr_) owner_->release(ptr_);
 }
 
+void Backend::matmul_native(const float*, const NativeMatrix&, const float*, int, float*, bool) {
+    IF_FAIL("backend '" << name() << "': weights in their stored type (model.weights = \"native\") "
+                        << "are not implemented yet on this backend; use model.weights = \"f32\"");
+}
+
+void Backend::embed_native(const NativeMatrix&, const int32_t*, int, float*) {
+    IF_FAIL("backend '" << name() << "': weights in their stored type (model.weights = \"native\") "
+                        << "are not implemented yet on this backend; use model.weights = \"f32\"");
+}
+
 #if defined(INFOFLOW_HAVE_CUDA)
 std::unique_ptr<Backend> make_cuda_backend(int n_threads, int local_rank);
 int cuda_visible_devices();

@@ -133,6 +133,21 @@ struct RandomMatrixSpec {
     float scale = 0.0f;  // multiplies the centred Irwin-Hall sum (kernels/random_init.h)
 };
 
+// A weight matrix kept in its stored GGUF type (model.weights = "native"): rows of `cols`
+// elements, each row `row_bytes` bytes of blocks (docs/formats.md §3), host memory. Types:
+// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q6_K (kernels/cpu/quant_dot.h).
+struct NativeMatrix {
+    uint32_t type = 0;  // ggml type id
+    int rows = 0;
+    int cols = 0;
+    size_t row_bytes = 0;
+    const uint8_t* data = nullptr;  // [rows, row_bytes]
+    // Small batches: multiply with the fp32 activations (each weight row dequantized to fp32 in
+    // cache first) instead of 8-bit quantized ones; for products whose rounding a caller cannot
+    // afford (the LM head: the logits themselves).
+    bool fp32_activations = false;
+};
+
 class Backend {
   public:
     virtual ~Backend() = default;
@@ -178,6 +193,14 @@ class Backend {
     virtual void matmul(const float* x /*[n, k]*/, const float* w /*[m, k]*/,
                         const float* bias /*[m] or nullptr*/, int n, int k, int m,
                         float* out /*[n, m]*/, bool accumulate) = 0;
+    // The same two ops on a matrix in its stored type. Backends that keep fp32 (or bf16) weight
+    // storage do not take them (supports_native_weights() false): the model then loads fp32.
+    virtual bool supports_native_weights() const { return false; }
+    virtual void matmul_native(const float* x /*[n, k]*/, const NativeMatrix& w /*[m, k]*/,
+                               const float* bias /*[m] or nullptr*/, int n, float* out /*[n, m]*/,
+                               bool accumulate);
+    virtual void embed_native(const NativeMatrix& table /*[n_vocab, n_embd]*/,
+                              const int32_t* ids /*[n]*/, int n, float* out /*[n, n_embd]*/);
     // In-place half-split RoPE: pair (i, i + head_dim/2) rotated by pos[t] * inv_freq[i].
     // Positions may be negative (re-rotation by a delta). Angles computed in fp32 as HF does.
     // `pos` is host memory; `inv_freq` backend memory (llama3 scaling already applied).

@@ -12,7 +12,9 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/attention_cpu.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/cpu_math.h"
+#include "kernels/cpu/native_matmul.h"
 #include "kernels/random_init.h"
 #include "runtime/core/error.h"
 
@@ -39,6 +41,8 @@ class CpuBackend final : public Backend {
     explicit CpuBackend(int n_threads) { set_threads(n_threads); }
 
     std::string name() const override { return "cpu"; }
+    // The kernel path, for the run summary: "cpu (avx512 (bf16, vnni))".
+    std::string device() const override { return "cpu (" + cpu::cpu_isa_summary() + ")"; }
 
     void set_threads(int n_threads) override {
         n_threads_ = n_threads > 0 ? n_threads : omp_get_max_threads();
@@ -138,6 +142,15 @@ class CpuBackend final : public Backend {
                 }
             }
         }
+    }
+
+    bool supports_native_weights() const override { return true; }
+    void matmul_native(const float* x, const NativeMatrix& w, const float* bias, int n, float* out,
+                       bool accumulate) override {
+        cpu::native_matmul(x, w, bias, n, out, accumulate, n_threads_);
+    }
+    void embed_native(const NativeMatrix& table, const int32_t* ids, int n, float* out) override {
+        cpu::native_embed(table, ids, n, out);
     }
 
     void rope(float* x, const int32_t* pos, int n, int n_head, int head_dim,

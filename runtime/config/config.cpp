@@ -59,6 +59,8 @@ IF_ENUM_NAMES(Config::RingExchange, "p2p", "allgather")
 IF_ENUM_NAMES(Config::StoreMode, "read", "read-write")
 IF_ENUM_NAMES(Config::StoreDType, "f16", "bf16", "f32")
 IF_ENUM_NAMES(Config::KvDType, "f32", "f16", "bf16")
+IF_ENUM_NAMES(Config::Weights, "native", "f32")
+IF_ENUM_NAMES(Config::CpuIsa, "auto", "avx2", "avx512")
 
 #undef IF_ENUM_NAMES
 
@@ -538,6 +540,8 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("model.dtype", model, &C::ModelSection::dtype));
         f.push_back(bool_field("model.check_finite", model, &C::ModelSection::check_finite));
         f.push_back(enum_field("model.kv_dtype", model, &C::ModelSection::kv_dtype));
+        f.push_back(enum_field("model.weights", model, &C::ModelSection::weights));
+        f.push_back(enum_field("cpu.isa", &C::cpu, &C::CpuSection::isa));
 
         const auto req = &C::request;
         using R = C::RequestSection;
@@ -944,6 +948,8 @@ const char* to_string(Config::RingExchange v) { return enum_name(v); }
 const char* to_string(Config::StoreMode v) { return enum_name(v); }
 const char* to_string(Config::StoreDType v) { return enum_name(v); }
 const char* to_string(Config::KvDType v) { return enum_name(v); }
+const char* to_string(Config::Weights v) { return enum_name(v); }
+const char* to_string(Config::CpuIsa v) { return enum_name(v); }
 
 nlohmann::json Config::to_json() const {
     json j = json::object();

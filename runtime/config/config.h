@@ -46,6 +46,8 @@ struct Config {
     enum class StoreMode { read, read_write };
     enum class StoreDType { f16, bf16, f32 };
     enum class KvDType { f32, f16, bf16 };
+    enum class Weights { native, f32 };             // model.weights
+    enum class CpuIsa { automatic, avx2, avx512 };  // cpu.isa ("auto")
 
     static constexpr int k_default_chunk_size = 2048;
 
@@ -57,6 +59,10 @@ struct Config {
         DType dtype = DType::fp32;  // compute type of weights and activations
         bool check_finite = true;   // reject NaN/Inf in the loaded weights, naming the tensor
         KvDType kv_dtype = KvDType::f32;  // storage type of the KV cache
+        Weights weights = Weights::native;  // CPU: matrices kept in the file's stored type
+    };
+    struct CpuSection {
+        CpuIsa isa = CpuIsa::automatic;  // CPU kernel path (kernels/cpu/cpu_features.h)
     };
     struct RequestSection {
         std::string system;                  // system prompt (part of chunk 0)
@@ -203,6 +209,7 @@ struct Config {
 
     Job job = Job::answer;
     ModelSection model;
+    CpuSection cpu;
     RequestSection request;
     ChunkingSection chunking;
     MethodSection method;
@@ -237,6 +244,8 @@ bool operator!=(const Config& a, const Config& b);
 const char* to_string(Config::Job v);
 const char* to_string(Config::Backend v);
 const char* to_string(Config::DType v);
+const char* to_string(Config::Weights v);
+const char* to_string(Config::CpuIsa v);
 const char* to_string(Config::Template v);
 const char* to_string(Config::ChatTemplate v);
 const char* to_string(Config::ChunkMode v);

@@ -18,6 +18,7 @@ const std::map<std::string, std::string>& section_titles() {
     static const std::map<std::string, std::string> t = {
         {"", "top level"},
         {"model", "[model]"},
+        {"cpu", "[cpu]"},
         {"request", "[request]"},
         {"chunking", "[chunking]"},
         {"method", "[method]"},
@@ -51,7 +52,8 @@ const std::map<std::string, std::string>& descriptions() {
          "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
          "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
         {"model.backend",
-         "compute backend; `cuda`: bf16 weights, cuBLAS and FlashInfer on the rank's GPU (built, not "
+         "compute backend; `cuda`: bf16 weights, cuBLAS and FlashInfer on the rank's GPU (built, "
+         "not "
          "yet run on a GPU)"},
         {"model.check_finite",
          "reject NaN/Inf in any loaded tensor of a model file, naming the tensor"},
@@ -60,6 +62,17 @@ const std::map<std::string, std::string>& descriptions() {
          "storage type of the KV cache: `f32` (the exact reference), `f16` or `bf16` (half the "
          "memory and half the K/V bytes exchanged between ranks; attention widens to fp32 and "
          "accumulates in fp32; CPU backend only, the cuda backend says not implemented yet)"},
+        {"model.weights",
+         "CPU backend, GGUF files: `native` keeps every matrix in the file's stored type "
+         "(Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K/F16/BF16; decode and small batches use fused dot "
+         "products with activations quantized to 8 bits per 32-value block, prefill dequantizes "
+         "one weight tile at a time for an fp32 GEMM); `f32` dequantizes the whole model to fp32 "
+         "at load (the reference). The `cuda` backend always loads `f32` (bf16 on the device)"},
+        {"cpu.isa",
+         "CPU kernel path: `auto` (AVX-512 with VNNI/BF16 where the CPU has it, else AVX2), "
+         "`avx2` or `avx512` (an error on a CPU without AVX-512); the environment variable "
+         "INFOFLOW_CPU_ISA does the same when this key is `auto`. The run summary prints the "
+         "path"},
         {"model.dtype",
          "compute type of weights and activations; the CPU backend computes in fp32 (`bf16` / "
          "`fp16` are planned: not implemented yet)"},

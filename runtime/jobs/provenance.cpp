@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/cpu/cpu_features.h"
 #include "runtime/core/build_info.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
@@ -72,7 +73,10 @@ json cpu_json() {
     for (const char* k : k_interesting) {
         if (std::find(all.begin(), all.end(), k) != all.end()) have.push_back(k);
     }
-    return {{"model", model.empty() ? json(nullptr) : json(model)}, {"flags", have}};
+    // isa: the kernel path this run uses (cpu.isa, kernels/cpu/cpu_features.h).
+    return {{"model", model.empty() ? json(nullptr) : json(model)},
+            {"flags", have},
+            {"isa", cpu::cpu_isa_summary()}};
 }
 
 }  // namespace
@@ -158,6 +162,7 @@ json provenance_json(const Config& cfg, int ranks, int threads_per_rank,
     p["threads_per_rank"] = threads_per_rank > 0 ? threads_per_rank : int(hw);
     p["threads_setting"] = threads_per_rank;
     p["model"] = model_identity(cfg.model.path);
+    p["weights"] = to_string(cfg.model.weights);
     p["start_time"] = start_time;
     return p;
 }

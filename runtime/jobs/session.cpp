@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/cpu_features.h"
 #include "runtime/core/error.h"
 #include "runtime/formats/gguf.h"
 #include "runtime/model/model_loader.h"
@@ -33,9 +34,15 @@ std::unique_ptr<Session> open_session(const Config& cfg, int local_rank) {
     const std::string& path = cfg.model.path;
     // The backend first: a device backend selects its GPU before anything else touches CUDA,
     // and generates random: weights itself (they never exist on the host).
+    // The CPU kernel path is fixed before any kernel runs (cpu.isa; "auto" leaves the choice to
+    // INFOFLOW_CPU_ISA or the CPU).
+    if (cfg.cpu.isa != Config::CpuIsa::automatic) cpu::set_cpu_isa_override(to_string(cfg.cpu.isa));
     s->backend = make_backend(to_string(cfg.model.backend), cfg.model.threads, local_rank);
     LoadOptions opt;
     opt.check_finite = cfg.model.check_finite;
+    // Stored-type weights are a CPU-backend path; a device backend uploads fp32 (bf16 there).
+    opt.native_weights =
+        cfg.model.weights == Config::Weights::native && s->backend->supports_native_weights();
     opt.generate_on_backend = cfg.model.backend != Config::Backend::cpu;
     s->weights = std::make_unique<ModelWeights>(load_model_weights(path, opt));
     if (path.rfind("random:", 0) != 0) {

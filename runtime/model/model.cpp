@@ -10,6 +10,10 @@ namespace infoflow {
 Model::Model(Backend& backend, const ModelWeights& weights) : backend_(backend), weights_(weights) {
     weights_.validate();
     host_weights_ = backend_.name() == "cpu" && !weights_.generated;
+    IF_CHECK(!weights_.has_stored() || (host_weights_ && backend_.supports_native_weights()),
+             weights_.source << ": weights in their stored type (model.weights = \"native\") "
+                             << "need the cpu backend; backend '" << backend_.name()
+                             << "' loads model.weights = \"f32\"");
     inv_freq_host_ = rope_inv_freq(config());
     if (!host_weights_) {
         load_weights();
@@ -50,10 +54,13 @@ void Model::load_weights() {
 void Model::stack_qkv() {
     for (const LayerWeights& lw : weights_.layers) {
         std::vector<float> w;
-        w.reserve(lw.wq.size() + lw.wk.size() + lw.wv.size());
-        w.insert(w.end(), lw.wq.begin(), lw.wq.end());
-        w.insert(w.end(), lw.wk.begin(), lw.wk.end());
-        w.insert(w.end(), lw.wv.begin(), lw.wv.end());
+        // Stored-type weights come fused from the loader (or stay apart when their types differ).
+        if (!lw.wq.empty() && !lw.wk.empty() && !lw.wv.empty()) {
+            w.reserve(lw.wq.size() + lw.wk.size() + lw.wv.size());
+            w.insert(w.end(), lw.wq.begin(), lw.wq.end());
+            w.insert(w.end(), lw.wk.begin(), lw.wk.end());
+            w.insert(w.end(), lw.wv.begin(), lw.wv.end());
+        }
         wqkv_.push_back(std::move(w));
         std::vector<float> b;
         if (!lw.bq.empty()) {
@@ -69,6 +76,23 @@ const float* Model::w(const std::vector<float>& v) {
     if (host_weights_) return v.empty() ? nullptr : v.data();
     const auto it = device_.find(&v);
     return it == device_.end() ? nullptr : it->second.data();  // absent: an optional tensor
+}
+
+void Model::mm(const float* x, const std::vector<float>& w32, const StoredMatrix& stored,
+               const float* bias, int n, int k, int m, float* out, bool accumulate,
+               bool fp32_activations) {
+    if (stored.empty()) {
+        backend_.matmul(x, w(w32), bias, n, k, m, out, accumulate);
+        return;
+    }
+    NativeMatrix nm;
+    nm.type = stored.type;
+    nm.rows = int(stored.rows);
+    nm.cols = int(stored.cols);
+    nm.row_bytes = stored.row_bytes();
+    nm.data = stored.bytes.data();
+    nm.fp32_activations = fp32_activations;
+    backend_.matmul_native(x, nm, bias, n, out, accumulate);
 }
 
 const std::vector<float>& Model::lm_head() const {
@@ -100,6 +124,17 @@ void Model::embed(const int32_t* ids, int n, float* hidden) {
         IF_CHECK(ids[i] >= 0 && ids[i] < c.n_vocab,
                  "token id " << ids[i] << " outside the vocabulary [0, " << c.n_vocab << ")");
     }
+    const StoredMatrix& st = weights_.tok_embd_stored;
+    if (!st.empty()) {
+        NativeMatrix nm;
+        nm.type = st.type;
+        nm.rows = int(st.rows);
+        nm.cols = int(st.cols);
+        nm.row_bytes = st.row_bytes();
+        nm.data = st.bytes.data();
+        backend_.embed_native(nm, ids, n, hidden);
+        return;
+    }
     backend_.embed(w(weights_.tok_embd), ids, n, c.n_embd, hidden);
 }
 
@@ -108,10 +143,11 @@ void Model::qkv(int l, const float* xn, int n, const int32_t* pos, float* q, flo
     const LayerWeights& lw = weights_.layers[l];
     const int qd = c.n_head * c.head_dim;
     const int kd = c.n_head_kv * c.head_dim;
-    if (q && host_weights_) {
+    const LayerWeights::Stored& st = lw.stored;
+    if (q && host_weights_ && (!wqkv_[l].empty() || !st.wqkv.empty())) {
         const int all = qd + 2 * kd;
         float* t = s_.qkv.data();
-        backend_.matmul(xn, w(wqkv_[l]), w(bqkv_[l]), n, c.n_embd, all, t, false);
+        mm(xn, wqkv_[l], st.wqkv, w(bqkv_[l]), n, c.n_embd, all, t, false);
         for (int i = 0; i < n; ++i) {
             const float* row = t + size_t(i) * all;
             backend_.copy(q + size_t(i) * qd, row, qd * sizeof(float));
@@ -120,9 +156,25 @@ void Model::qkv(int l, const float* xn, int n, const int32_t* pos, float* q, flo
         }
     } else {
         // Backend weight storage: one GEMM per projection, straight into q, k and v.
-        if (q) backend_.matmul(xn, w(lw.wq), w(lw.bq), n, c.n_embd, qd, q, false);
-        backend_.matmul(xn, w(lw.wk), w(lw.bk), n, c.n_embd, kd, k, false);
-        backend_.matmul(xn, w(lw.wv), w(lw.bv), n, c.n_embd, kd, v, false);
+        if (q) mm(xn, lw.wq, st.wq, w(lw.bq), n, c.n_embd, qd, q, false);
+        if (!st.wqkv.empty()) {
+            // K and V alone from the fused stored matrix: its rows after the queries'.
+            const StoredMatrix& f = st.wqkv;
+            const size_t rb = f.row_bytes();
+            for (int part = 0; part < 2; ++part) {
+                NativeMatrix nm;
+                nm.type = f.type;
+                nm.rows = kd;
+                nm.cols = int(f.cols);
+                nm.row_bytes = rb;
+                nm.data = f.bytes.data() + size_t(qd + part * kd) * rb;
+                const float* b = bqkv_[l].empty() ? nullptr : w(bqkv_[l]) + qd + part * kd;
+                backend_.matmul_native(xn, nm, b, n, part == 0 ? k : v, false);
+            }
+        } else {
+            mm(xn, lw.wk, st.wk, w(lw.bk), n, c.n_embd, kd, k, false);
+            mm(xn, lw.wv, st.wv, w(lw.bv), n, c.n_embd, kd, v, false);
+        }
     }
     if (c.has_qk_norm) {
         if (q) backend_.rms_norm(q, w(lw.q_norm), n * c.n_head, c.head_dim, c.rms_eps, q);
@@ -148,13 +200,13 @@ void Model::layer_post(int l, float* hidden, const float* attn, int n) {
     const ModelConfig& c = config();
     const LayerWeights& lw = weights_.layers[l];
     ensure_scratch(n);
-    backend_.matmul(attn, w(lw.wo), nullptr, n, c.n_head * c.head_dim, c.n_embd, hidden, true);
+    const LayerWeights::Stored& st = lw.stored;
+    mm(attn, lw.wo, st.wo, nullptr, n, c.n_head * c.head_dim, c.n_embd, hidden, true);
     backend_.rms_norm(hidden, w(lw.ffn_norm), n, c.n_embd, c.rms_eps, s_.xn.data());
-    backend_.matmul(s_.xn.data(), w(lw.w_gate), nullptr, n, c.n_embd, c.n_ff, s_.gate.data(),
-                    false);
-    backend_.matmul(s_.xn.data(), w(lw.w_up), nullptr, n, c.n_embd, c.n_ff, s_.up.data(), false);
+    mm(s_.xn.data(), lw.w_gate, st.w_gate, nullptr, n, c.n_embd, c.n_ff, s_.gate.data(), false);
+    mm(s_.xn.data(), lw.w_up, st.w_up, nullptr, n, c.n_embd, c.n_ff, s_.up.data(), false);
     backend_.swiglu(s_.gate.data(), s_.up.data(), size_t(n) * c.n_ff, s_.gate.data());
-    backend_.matmul(s_.gate.data(), w(lw.w_down), nullptr, n, c.n_ff, c.n_embd, hidden, true);
+    mm(s_.gate.data(), lw.w_down, st.w_down, nullptr, n, c.n_ff, c.n_embd, hidden, true);
 }
 
 void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const int32_t* group,
@@ -197,7 +249,13 @@ void Model::logits(const float* hidden, int n, float* out) {
     const ModelConfig& c = config();
     ensure_scratch(n);
     backend_.rms_norm(hidden, w(weights_.output_norm), n, c.n_embd, c.rms_eps, s_.xn.data());
-    backend_.matmul(s_.xn.data(), w(lm_head()), nullptr, n, c.n_embd, c.n_vocab, out, false);
+    const StoredMatrix& head =
+        weights_.output_stored.empty() && weights_.output.empty() && !weights_.generated
+            ? weights_.tok_embd_stored
+            : weights_.output_stored;
+    // The LM head multiplies fp32 activations: its products are the logits themselves, and 8-bit
+    // activations here would flip near-tied greedy choices the fp32 reference makes.
+    mm(s_.xn.data(), lm_head(), head, nullptr, n, c.n_embd, c.n_vocab, out, false, true);
 }
 
 void Model::rerotate_keys(float* k, int n, const int32_t* delta) {

@@ -89,6 +89,10 @@ class Model {
     void load_weights();  // every tensor into backend storage (not the CPU in-place path)
     void stack_qkv();     // CPU in place: wq, wk, wv stacked per layer
     const float* w(const std::vector<float>& v);  // weight pointer in backend memory
+    // out = x W^T with W in fp32 (w32) or, when `stored` is not empty, in its stored type.
+    void mm(const float* x /*[n, k]*/, const std::vector<float>& w32, const StoredMatrix& stored,
+            const float* bias /*[m] or nullptr*/, int n, int k, int m, float* out /*[n, m]*/,
+            bool accumulate, bool fp32_activations = false);
     const std::vector<float>& lm_head() const;
 
     Backend& backend_;

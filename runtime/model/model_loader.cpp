@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kernels/cpu/quant_dot.h"
 #include "kernels/random_init.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
@@ -39,6 +40,7 @@ struct TensorSlot {
     std::vector<int64_t> shape;
     std::vector<float>* dst;
     int qk_heads = 0;
+    StoredMatrix* stored = nullptr;  // matrices: where model.weights = "native" keeps them
 };
 
 // The tensors the config calls for. Writers pass a const_cast model: they only read.
@@ -46,18 +48,38 @@ std::vector<TensorSlot> tensor_slots(const ModelConfig& c, ModelWeights& w) {
     const int64_t E = c.n_embd, F = c.n_ff, V = c.n_vocab, D = c.head_dim;
     const int64_t Q = int64_t(c.n_head) * D, KV = int64_t(c.n_head_kv) * D;
     std::vector<TensorSlot> s;
-    s.push_back({"model.embed_tokens.weight", "token_embd.weight", {V, E}, &w.tok_embd});
+    s.push_back({"model.embed_tokens.weight",
+                 "token_embd.weight",
+                 {V, E},
+                 &w.tok_embd,
+                 0,
+                 &w.tok_embd_stored});
     w.layers.resize(size_t(c.n_layer));
     for (int l = 0; l < c.n_layer; ++l) {
         LayerWeights& L = w.layers[size_t(l)];
         const std::string h = "model.layers." + std::to_string(l) + ".";
         const std::string g = "blk." + std::to_string(l) + ".";
         s.push_back({h + "input_layernorm.weight", g + "attn_norm.weight", {E}, &L.attn_norm});
-        s.push_back({h + "self_attn.q_proj.weight", g + "attn_q.weight", {Q, E}, &L.wq, c.n_head});
+        s.push_back({h + "self_attn.q_proj.weight",
+                     g + "attn_q.weight",
+                     {Q, E},
+                     &L.wq,
+                     c.n_head,
+                     &L.stored.wq});
+        s.push_back({h + "self_attn.k_proj.weight",
+                     g + "attn_k.weight",
+                     {KV, E},
+                     &L.wk,
+                     c.n_head_kv,
+                     &L.stored.wk});
         s.push_back(
-            {h + "self_attn.k_proj.weight", g + "attn_k.weight", {KV, E}, &L.wk, c.n_head_kv});
-        s.push_back({h + "self_attn.v_proj.weight", g + "attn_v.weight", {KV, E}, &L.wv});
-        s.push_back({h + "self_attn.o_proj.weight", g + "attn_output.weight", {E, Q}, &L.wo});
+            {h + "self_attn.v_proj.weight", g + "attn_v.weight", {KV, E}, &L.wv, 0, &L.stored.wv});
+        s.push_back({h + "self_attn.o_proj.weight",
+                     g + "attn_output.weight",
+                     {E, Q},
+                     &L.wo,
+                     0,
+                     &L.stored.wo});
         if (c.has_qkv_bias) {
             s.push_back({h + "self_attn.q_proj.bias", g + "attn_q.bias", {Q}, &L.bq, c.n_head});
             s.push_back({h + "self_attn.k_proj.bias", g + "attn_k.bias", {KV}, &L.bk, c.n_head_kv});
@@ -69,12 +91,24 @@ std::vector<TensorSlot> tensor_slots(const ModelConfig& c, ModelWeights& w) {
         }
         s.push_back(
             {h + "post_attention_layernorm.weight", g + "ffn_norm.weight", {E}, &L.ffn_norm});
-        s.push_back({h + "mlp.gate_proj.weight", g + "ffn_gate.weight", {F, E}, &L.w_gate});
-        s.push_back({h + "mlp.up_proj.weight", g + "ffn_up.weight", {F, E}, &L.w_up});
-        s.push_back({h + "mlp.down_proj.weight", g + "ffn_down.weight", {E, F}, &L.w_down});
+        s.push_back({h + "mlp.gate_proj.weight",
+                     g + "ffn_gate.weight",
+                     {F, E},
+                     &L.w_gate,
+                     0,
+                     &L.stored.w_gate});
+        s.push_back(
+            {h + "mlp.up_proj.weight", g + "ffn_up.weight", {F, E}, &L.w_up, 0, &L.stored.w_up});
+        s.push_back({h + "mlp.down_proj.weight",
+                     g + "ffn_down.weight",
+                     {E, F},
+                     &L.w_down,
+                     0,
+                     &L.stored.w_down});
     }
     s.push_back({"model.norm.weight", "output_norm.weight", {E}, &w.output_norm});
-    if (!c.tied_embeddings) s.push_back({"lm_head.weight", "output.weight", {V, E}, &w.output});
+    if (!c.tied_embeddings)
+        s.push_back({"lm_head.weight", "output.weight", {V, E}, &w.output, 0, &w.output_stored});
     return s;
 }
 
@@ -383,22 +417,90 @@ void check_gguf_shape(const GgufFile& f, const GgufTensorInfo& t,
                       << "Q8_0, Q6_K)");
 }
 
+// The Q/K un-permutation (docs/formats.md §4.2) on whole stored rows: a row permutation, so it
+// moves each row's blocks unchanged.
+void unpermute_stored_rows(std::vector<uint8_t>& bytes, size_t row_bytes, int n_head,
+                           int head_dim) {
+    const int half = head_dim / 2;
+    std::vector<uint8_t> tmp(size_t(head_dim) * row_bytes);
+    for (int h = 0; h < n_head; ++h) {
+        uint8_t* head = bytes.data() + size_t(h) * head_dim * row_bytes;
+        for (int i = 0; i < half; ++i) {
+            for (const int j : {0, 1}) {
+                std::memcpy(&tmp[size_t(i + j * half) * row_bytes],
+                            head + size_t(2 * i + j) * row_bytes, row_bytes);
+            }
+        }
+        std::memcpy(head, tmp.data(), tmp.size());
+    }
+}
+
+// wq, wk, wv of one stored type become one [(n_head + 2*n_head_kv)*head_dim, n_embd] matrix.
+void fuse_stored_qkv(LayerWeights& L) {
+    LayerWeights::Stored& s = L.stored;
+    if (s.wq.empty() || s.wk.empty() || s.wv.empty()) return;
+    if (s.wq.type != s.wk.type || s.wq.type != s.wv.type) return;
+    StoredMatrix& f = s.wqkv;
+    f.type = s.wq.type;
+    f.rows = s.wq.rows + s.wk.rows + s.wv.rows;
+    f.cols = s.wq.cols;
+    f.bytes.reserve(s.wq.bytes.size() + s.wk.bytes.size() + s.wv.bytes.size());
+    for (StoredMatrix* m : {&s.wq, &s.wk, &s.wv}) {
+        f.bytes.insert(f.bytes.end(), m->bytes.begin(), m->bytes.end());
+        *m = StoredMatrix();
+    }
+}
+
+std::string fingerprint_header(const ModelConfig& c);
+uint64_t fingerprint_tensor(uint64_t h, const std::vector<float>& t, const std::string& hf_name);
+void check_tensor_finite(const std::string& source, const TensorSlot& s,
+                         const std::vector<float>& t);
+
 ModelWeights load_gguf(const std::string& path, const LoadOptions& opt) {
     GgufFile f(path);
     ModelWeights w;
     w.config = model_config_from_gguf(f);
     w.source = path;
-    check_memory(model_weight_bytes(w.config), path);
+    const bool native = opt.native_weights;
+    if (!native) check_memory(model_weight_bytes(w.config), path);
+    // model.weights = "native": every matrix stored in a non-F32 type keeps its blocks; each
+    // tensor is still dequantized once, here, into a scratch vector for the finiteness check and
+    // the fingerprint (the same fingerprint as the fp32 load of the file).
+    uint64_t h = native ? fnv1a64(fingerprint_header(w.config)) : 0;
+    std::vector<float> scratch;
     for (const TensorSlot& s : tensor_slots(w.config, w)) {
         const GgufTensorInfo* t = f.find_tensor(s.gguf);
         IF_CHECK(t, path << ": missing tensor '" << s.gguf << "'");
         check_gguf_shape(f, *t, s.shape);
-        s.dst->resize(size_t(numel(s.shape)));
-        dequantize_row(t->type, f.tensor_data(*t), s.dst->data(), numel(s.shape));
-        if (s.qk_heads > 0 && w.config.arch == Arch::llama && opt.unpermute_qk) {
+        const bool keep = native && s.stored != nullptr && t->type != uint32_t(GgmlType::F32) &&
+                          cpu::native_type_supported(t->type);
+        std::vector<float>& dst = keep ? scratch : *s.dst;
+        dst.resize(size_t(numel(s.shape)));
+        dequantize_row(t->type, f.tensor_data(*t), dst.data(), numel(s.shape));
+        const bool unpermute = s.qk_heads > 0 && w.config.arch == Arch::llama && opt.unpermute_qk;
+        if (unpermute) {
             const int64_t row_len = s.shape.size() == 2 ? s.shape[1] : 1;
-            unpermute_qk_rows_gguf_to_hf(s.dst->data(), s.qk_heads, w.config.head_dim, row_len);
+            unpermute_qk_rows_gguf_to_hf(dst.data(), s.qk_heads, w.config.head_dim, row_len);
         }
+        if (native) {
+            if (opt.check_finite) check_tensor_finite(path, s, dst);
+            h = fingerprint_tensor(h, dst, s.hf);
+        }
+        if (keep) {
+            StoredMatrix& m = *s.stored;
+            m.type = t->type;
+            m.rows = s.shape[0];
+            m.cols = s.shape[1];
+            const uint8_t* src = f.tensor_data(*t);
+            m.bytes.assign(src, src + ggml_row_bytes(t->type, numel(s.shape)));
+            if (unpermute)
+                unpermute_stored_rows(m.bytes, m.row_bytes(), s.qk_heads, w.config.head_dim);
+            std::vector<float>().swap(scratch);
+        }
+    }
+    if (native) {
+        for (LayerWeights& L : w.layers) fuse_stored_qkv(L);
+        w.fingerprint = hex64(h);
     }
     return w;
 }
@@ -802,8 +904,9 @@ size_t available_memory_bytes() {
     return avail;
 }
 
-std::string model_fingerprint(const ModelWeights& w) {
-    const ModelConfig& c = w.config;
+namespace {
+
+std::string fingerprint_header(const ModelConfig& c) {
     std::ostringstream os;
     auto bits = [](float f) {
         uint32_t u;
@@ -817,18 +920,45 @@ std::string model_fingerprint(const ModelWeights& w) {
        << bits(c.rope_scaling.high_freq_factor) << ";" << c.rope_scaling.original_context << ";"
        << c.tied_embeddings << ";" << c.has_qkv_bias << ";" << c.has_qk_norm << ";";
     for (float f : c.rope_freq_factors) os << bits(f) << ",";
+    return os.str();
+}
+
+uint64_t fingerprint_tensor(uint64_t h, const std::vector<float>& t, const std::string& hf_name) {
+    h = hash_bytes(reinterpret_cast<const uint8_t*>(t.data()), t.size() * 4, h);
+    return hround(h, fnv1a64(hf_name));
+}
+
+void check_tensor_finite(const std::string& source, const TensorSlot& s,
+                         const std::vector<float>& t) {
+    for (size_t i = 0; i < t.size(); ++i) {
+        if (!std::isfinite(t[i])) {
+            IF_FAIL(source << ": tensor '" << s.hf << "' (GGUF '" << s.gguf << "') has a "
+                           << (std::isnan(t[i]) ? "NaN" : "infinite value") << " at element " << i
+                           << " of " << t.size()
+                           << " (a corrupt file; set model.check_finite = false to load it "
+                              "anyway)");
+        }
+    }
+}
+
+}  // namespace
+
+std::string model_fingerprint(const ModelWeights& w) {
+    const ModelConfig& c = w.config;
+    const std::string header = fingerprint_header(c);
     // Generated weights are a function of the config and the seed alone.
-    if (w.generated) return hex64(fnv1a64("generated;" + std::to_string(w.seed) + ";" + os.str()));
-    uint64_t h = fnv1a64(os.str());
+    if (w.generated) return hex64(fnv1a64("generated;" + std::to_string(w.seed) + ";" + header));
+    // Stored-type weights were fingerprinted from their fp32 values when they were loaded.
+    if (w.has_stored()) {
+        IF_CHECK(!w.fingerprint.empty(), w.source << ": stored-type weights without a fingerprint");
+        return w.fingerprint;
+    }
+    uint64_t h = fnv1a64(header);
     ModelWeights& mw = const_cast<ModelWeights&>(w);  // tensor_slots only reads it here
     IF_CHECK(w.layers.size() == size_t(c.n_layer), w.source << ": fingerprint of a model with "
                                                             << w.layers.size() << " layers, config "
                                                             << c.n_layer);
-    for (const TensorSlot& s : tensor_slots(c, mw)) {
-        const std::vector<float>& t = *s.dst;
-        h = hash_bytes(reinterpret_cast<const uint8_t*>(t.data()), t.size() * 4, h);
-        h = hround(h, fnv1a64(s.hf));
-    }
+    for (const TensorSlot& s : tensor_slots(c, mw)) h = fingerprint_tensor(h, *s.dst, s.hf);
     return hex64(h);
 }
 
@@ -1029,25 +1159,15 @@ ModelWeights load_model_weights(const std::string& path, const LoadOptions& opt)
         w = load_gguf(path, opt);
     }
     w.validate();
-    if (opt.check_finite) check_weights_finite(w);
+    // Stored-type weights were checked and fingerprinted tensor by tensor while loading.
+    if (opt.check_finite && !w.has_stored()) check_weights_finite(w);
     w.fingerprint = model_fingerprint(w);
     return w;
 }
 
 void check_weights_finite(const ModelWeights& w) {
     ModelWeights& mw = const_cast<ModelWeights&>(w);  // tensor_slots only reads it here
-    for (const TensorSlot& s : tensor_slots(w.config, mw)) {
-        const std::vector<float>& t = *s.dst;
-        for (size_t i = 0; i < t.size(); ++i) {
-            if (!std::isfinite(t[i])) {
-                IF_FAIL(w.source << ": tensor '" << s.hf << "' (GGUF '" << s.gguf << "') has a "
-                                 << (std::isnan(t[i]) ? "NaN" : "infinite value") << " at element "
-                                 << i << " of " << t.size()
-                                 << " (a corrupt file; set model.check_finite = false to load it "
-                                    "anyway)");
-            }
-        }
-    }
+    for (const TensorSlot& s : tensor_slots(w.config, mw)) check_tensor_finite(w.source, s, *s.dst);
 }
 
 }  // namespace infoflow

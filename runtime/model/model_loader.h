@@ -25,6 +25,10 @@ struct LoadOptions {
     // Reject NaN/Inf in any loaded tensor of a file, naming the file, the tensor and the first
     // bad element (docs/design.md §11; config model.check_finite). Synthetic models are always finite.
     bool check_finite = true;
+    // GGUF files: keep every matrix the file stores in a quantized or 16-bit type in that type
+    // (StoredMatrix, model.weights = "native"; the CPU backend multiplies them as stored) instead
+    // of dequantizing it to fp32. Other sources load fp32 either way.
+    bool native_weights = false;
 };
 
 // The config alone (cheap: reads metadata, config.json and tensor headers, no weight data).

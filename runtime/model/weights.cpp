@@ -6,6 +6,18 @@
 
 namespace infoflow {
 
+bool ModelWeights::has_stored() const {
+    if (!tok_embd_stored.empty() || !output_stored.empty()) return true;
+    for (const LayerWeights& l : layers) {
+        const LayerWeights::Stored& s = l.stored;
+        for (const StoredMatrix* m :
+             {&s.wq, &s.wk, &s.wv, &s.wqkv, &s.wo, &s.w_gate, &s.w_up, &s.w_down}) {
+            if (!m->empty()) return true;
+        }
+    }
+    return false;
+}
+
 void ModelWeights::validate() const {
     const ModelConfig& c = config;
     c.validate(source);
@@ -16,28 +28,49 @@ void ModelWeights::validate() const {
         IF_CHECK(t.size() == want, source << ": tensor " << name << " has " << t.size()
                                           << " elements, the config needs " << want);
     };
-    check("tok_embd", tok_embd, V * E);
+    // A matrix held in its stored type: the fp32 vector is empty and the stored shape matches.
+    auto check_m = [&](const std::string& name, const std::vector<float>& t, const StoredMatrix& s,
+                       size_t rows, size_t cols) {
+        if (s.empty()) return check(name, t, rows * cols);
+        IF_CHECK(t.empty() && size_t(s.rows) == rows && size_t(s.cols) == cols &&
+                     s.bytes.size() % rows == 0,
+                 source << ": stored tensor " << name << " is [" << s.rows << ", " << s.cols
+                        << "], the config needs [" << rows << ", " << cols << "]");
+    };
+    check_m("tok_embd", tok_embd, tok_embd_stored, V, E);
     check("output_norm", output_norm, E);
-    if (!output.empty() || (!c.tied_embeddings && !generated)) check("output", output, V * E);
+    if (!output_stored.empty()) {
+        check_m("output", output, output_stored, V, E);
+    } else if (!output.empty() || (!c.tied_embeddings && !generated)) {
+        check("output", output, V * E);
+    }
     IF_CHECK(layers.size() == size_t(c.n_layer),
              source << ": " << layers.size() << " layers, the config needs " << c.n_layer);
     for (size_t l = 0; l < layers.size(); ++l) {
         const LayerWeights& w = layers[l];
         const std::string p = "layers[" + std::to_string(l) + "].";
         check(p + "attn_norm", w.attn_norm, E);
-        check(p + "wq", w.wq, q * E);
-        check(p + "wk", w.wk, kv * E);
-        check(p + "wv", w.wv, kv * E);
-        check(p + "wo", w.wo, E * q);
+        const LayerWeights::Stored& st = w.stored;
+        if (!st.wqkv.empty()) {
+            IF_CHECK(w.wq.empty() && w.wk.empty() && w.wv.empty() && st.wq.empty() &&
+                         st.wk.empty() && st.wv.empty(),
+                     source << ": " << p << "wqkv is stored with wq, wk or wv beside it");
+            check_m(p + "wqkv", {}, st.wqkv, q + 2 * kv, E);
+        } else {
+            check_m(p + "wq", w.wq, st.wq, q, E);
+            check_m(p + "wk", w.wk, st.wk, kv, E);
+            check_m(p + "wv", w.wv, st.wv, kv, E);
+        }
+        check_m(p + "wo", w.wo, st.wo, E, q);
         check(p + "bq", w.bq, c.has_qkv_bias ? q : 0);
         check(p + "bk", w.bk, c.has_qkv_bias ? kv : 0);
         check(p + "bv", w.bv, c.has_qkv_bias ? kv : 0);
         check(p + "q_norm", w.q_norm, c.has_qk_norm ? size_t(c.head_dim) : 0);
         check(p + "k_norm", w.k_norm, c.has_qk_norm ? size_t(c.head_dim) : 0);
         check(p + "ffn_norm", w.ffn_norm, E);
-        check(p + "w_gate", w.w_gate, F * E);
-        check(p + "w_up", w.w_up, F * E);
-        check(p + "w_down", w.w_down, E * F);
+        check_m(p + "w_gate", w.w_gate, st.w_gate, F, E);
+        check_m(p + "w_up", w.w_up, st.w_up, F, E);
+        check_m(p + "w_down", w.w_down, st.w_down, E, F);
     }
 }
 

@@ -72,6 +72,9 @@ threads = 8
 check_finite = false
 dtype = "bf16"
 kv_dtype = "bf16"
+weights = "f32"
+[cpu]
+isa = "avx2"
 [request]
 system = "Be brief."
 documents = ["one", "two"]
@@ -244,6 +247,8 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.model.backend == C::Backend::cuda);
     CHECK(c.model.threads == 8);
     CHECK(c.model.dtype == C::DType::bf16);
+    CHECK(c.model.weights == C::Weights::f32);
+    CHECK(c.cpu.isa == C::CpuIsa::avx2);
     CHECK(c.request.system == "Be brief.");
     CHECK(c.request.documents == std::vector<std::string>{"one", "two"});
     CHECK(c.request.question == "Why?");

@@ -1,0 +1,119 @@
+#include "kernels/cpu/native_matmul.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cpu/quant_dot.h"
+#include "runtime/core/error.h"
+
+namespace infoflow::cpu {
+namespace {
+
+constexpr int kMaxTileRows = 128;  // weight rows per dequantized tile
+
+void check_matrix(const NativeMatrix& w) {
+    IF_CHECK(native_type_supported(w.type) && w.data != nullptr && w.rows > 0 && w.cols > 0 &&
+                 w.row_bytes == native_row_bytes(w.type, w.cols),
+             "native weight matrix: bad type " << w.type << " or shape [" << w.rows << ", "
+                                               << w.cols << "]");
+}
+
+void dot_path(const float* x, const NativeMatrix& w, const float* bias, int n, float* out,
+              bool accumulate, int n_threads) {
+    const QuantKernels& qk = quant_kernels();
+    const int64_t k = w.cols;
+    const int m = w.rows;
+    const bool quantized = native_type_quantized(w.type) && !w.fp32_activations;
+    const bool row_to_fp32 = native_type_quantized(w.type) && w.fp32_activations;
+    std::vector<Q8Block> xq;
+    if (quantized) {
+        const int64_t nb = k / kQ8BlockElems;
+        xq.resize(size_t(n * nb));
+        for (int i = 0; i < n; ++i) qk.quantize_q8(x + i * k, xq.data() + i * nb, k);
+    }
+    const int64_t nb = k / kQ8BlockElems;
+    const int threads = std::max(1, std::min(n_threads, (m + 63) / 64));
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<float> row32(row_to_fp32 ? size_t(k) : 0);
+#pragma omp for schedule(static)
+        for (int j = 0; j < m; ++j) {
+            const uint8_t* row = w.data + size_t(j) * w.row_bytes;
+            if (row_to_fp32) {
+                qk.dequantize(w.type, row, row32.data(), k);
+                row = reinterpret_cast<const uint8_t*>(row32.data());
+            }
+            const uint32_t ftype = row_to_fp32 ? ggml_id::f32 : w.type;
+            const float b = bias ? bias[j] : 0.0f;
+            for (int i = 0; i < n; ++i) {
+                const float v = quantized ? qk.dot_q8(w.type, row, xq.data() + i * nb, k)
+                                          : qk.dot_f32(ftype, row, x + i * k, k);
+                float& o = out[size_t(i) * m + j];
+                o = (accumulate ? o : 0.0f) + v + b;
+            }
+        }
+    }
+}
+
+void tile_path(const float* x, const NativeMatrix& w, const float* bias, int n, float* out,
+               bool accumulate, int n_threads) {
+    const QuantKernels& qk = quant_kernels();
+    const int k = w.cols;
+    const int m = w.rows;
+    // Tiles of at most kMaxTileRows rows (a multiple of 16), a whole number per thread.
+    const int per = std::max(1, (m + kMaxTileRows * n_threads - 1) / (kMaxTileRows * n_threads));
+    const int n_tiles_want = per * n_threads;
+    const int tile = std::min(kMaxTileRows, ((m + n_tiles_want - 1) / n_tiles_want + 15) / 16 * 16);
+    const int n_tiles = (m + tile - 1) / tile;
+    const float beta = accumulate ? 1.0f : 0.0f;
+#pragma omp parallel num_threads(std::min(n_threads, n_tiles))
+    {
+        std::vector<float> scratch(size_t(tile) * k);
+#pragma omp for schedule(static)
+        for (int t = 0; t < n_tiles; ++t) {
+            const int m0 = t * tile;
+            const int rows = std::min(tile, m - m0);
+            for (int r = 0; r < rows; ++r) {
+                qk.dequantize(w.type, w.data + size_t(m0 + r) * w.row_bytes,
+                              scratch.data() + size_t(r) * k, k);
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, rows, k, 1.0f, x, k,
+                        scratch.data(), k, beta, out + m0, m);
+            if (bias) {
+                for (int i = 0; i < n; ++i) {
+                    float* o = out + size_t(i) * m + m0;
+                    for (int j = 0; j < rows; ++j) o[j] += bias[m0 + j];
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void native_matmul(const float* x, const NativeMatrix& w, const float* bias, int n, float* out,
+                   bool accumulate, int n_threads) {
+    if (n <= 0) return;
+    check_matrix(w);
+    if (n <= kNativeDotMaxTokens) {
+        dot_path(x, w, bias, n, out, accumulate, std::max(1, n_threads));
+    } else {
+        tile_path(x, w, bias, n, out, accumulate, std::max(1, n_threads));
+    }
+}
+
+void native_embed(const NativeMatrix& table, const int32_t* ids, int n, float* out) {
+    check_matrix(table);
+    const QuantKernels& qk = quant_kernels();
+    for (int i = 0; i < n; ++i) {
+        IF_CHECK(ids[i] >= 0 && ids[i] < table.rows,
+                 "embed: token id " << ids[i] << " outside [0, " << table.rows << ")");
+        qk.dequantize(table.type, table.data + size_t(ids[i]) * table.row_bytes,
+                      out + size_t(i) * table.cols, table.cols);
+    }
+}
+
+}  // namespace infoflow::cpu
