@@ -249,7 +249,8 @@ TEST_CASE("niah end to end on SmolLM2 at 512 tokens", "[niah][model]") {
         CHECK(summary[1].contains(k));
     }
     const std::string csv = read_file(cfg.output.csv);
-    CHECK(csv.rfind("length_target,context_tokens,depth,actual_depth,method,reference,correct,",
+    CHECK(csv.rfind("length_target,context_tokens,depth,actual_depth,method,reference,does_not_fit,"
+                    "correct,",
                     0) == 0);
 
     // Bad inputs fail before any run, naming the key.
