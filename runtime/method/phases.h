@@ -4,11 +4,14 @@
 // phase 4 on one cache. What differs between the two pipelines stays in their own files.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "runtime/config/config.h"
+#include "runtime/core/progress.h"
 #include "runtime/method/chunk_kv.h"
 #include "runtime/method/chunk_store.h"
 #include "runtime/method/pipeline.h"
@@ -67,5 +70,24 @@ void decode_answer(Model& model, KvCache& cache, const GenerateOptions& gen, Met
 GenerateOptions generate_options(const Config& cfg, const std::vector<int32_t>& stop_ids);
 
 double sum_ms(const std::vector<PhaseTime>& phases);
+
+// Time since the previous mark, per named phase (single-rank runs; SpClock adds the
+// communication of a distributed one).
+class PhaseClock {
+  public:
+    explicit PhaseClock(std::vector<PhaseTime>& out) : out_(out), t_(now()) {}
+    void mark(const std::string& name) {
+        const auto t = now();
+        out_.push_back({name, std::chrono::duration<double, std::milli>(t - t_).count()});
+        progress::phase_end(name, out_.back().ms);
+        t_ = t;
+    }
+
+  private:
+    static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
+    std::vector<PhaseTime>& out_;
+    std::chrono::steady_clock::time_point t_;
+};
+
 
 }  // namespace infoflow

@@ -23,23 +23,6 @@
 namespace infoflow {
 namespace {
 
-// Time since the previous mark, per named phase.
-class PhaseClock {
-  public:
-    explicit PhaseClock(std::vector<PhaseTime>& out) : out_(out), t_(now()) {}
-    void mark(const std::string& name) {
-        const auto t = now();
-        out_.push_back({name, std::chrono::duration<double, std::milli>(t - t_).count()});
-        progress::phase_end(name, out_.back().ms);
-        t_ = t;
-    }
-
-  private:
-    static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
-    std::vector<PhaseTime>& out_;
-    std::chrono::steady_clock::time_point t_;
-};
-
 // The context assembled in one cache at global positions (§3.2), slot j of the cache being
 // context slot j.
 struct Context {

@@ -16,23 +16,6 @@
 namespace infoflow {
 namespace {
 
-// Wall time per named phase since the previous mark.
-class Clock {
-  public:
-    explicit Clock(std::vector<PhaseTime>& out) : out_(out), t_(now()) {}
-    void mark(const std::string& name) {
-        const auto t = now();
-        out_.push_back({name, std::chrono::duration<double, std::milli>(t - t_).count()});
-        progress::phase_end(name, out_.back().ms);
-        t_ = t;
-    }
-
-  private:
-    static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
-    std::vector<PhaseTime>& out_;
-    std::chrono::steady_clock::time_point t_;
-};
-
 // Undoes RoPE at `pos` on one head vector (host, fp32 rotation by -pos * inv_freq).
 void unrotate(float* x, int head_dim, int32_t pos, const std::vector<float>& inv_freq) {
     const int half = head_dim / 2;
@@ -377,7 +360,7 @@ void reform_answer(Model& model, const PreparedRequest& req, const Config& cfg,
                         << " + 2 x reform.keep_ends " << cfg.reform.keep_ends << ") + suffix " << Q
                         << " + decode.max_new_tokens - 1 exceed the " << n_ctx
                         << " positions of the model");
-    Clock clock(r.phases);
+    PhaseClock clock(r.phases);
     const std::vector<int32_t> seq = req.context_sequence();
     std::vector<int32_t> ids(static_cast<size_t>(n)), pos(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) {
@@ -420,7 +403,7 @@ MethodResult run_long_context(Model& model, const PreparedRequest& req, const Co
                  "reform.budget " << spec.budget << " + suffix " << Q
                                   << " + decode.max_new_tokens - 1 exceed the "
                                   << model.config().n_ctx_train << " positions of the model");
-        Clock clock(r.phases);
+        PhaseClock clock(r.phases);
         RecurrentForward rf(model, spec, Q + max_new);
         rf.feed_context(req.context_sequence(), nullptr);
         clock.mark("compress");
@@ -440,7 +423,7 @@ MethodResult run_long_context(Model& model, const PreparedRequest& req, const Co
     // the last shard's cache (rank 0's in a distributed run).
     const int P = std::max(1, cfg.parallel.emulate_ranks);
     const std::vector<int> bounds = shard_bounds(T, P);
-    Clock clock(r.phases);
+    PhaseClock clock(r.phases);
     Embeddings ctx, question;
     for (int s = 0; s < P; ++s) {
         const bool last = s == P - 1;
