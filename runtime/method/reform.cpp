@@ -10,6 +10,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/progress.h"
 #include "runtime/method/phases.h"
+#include "runtime/method/scoring.h"
 #include "runtime/model/generate.h"
 #include "runtime/model/kv_evict.h"
 
@@ -96,26 +97,9 @@ class RecurrentForward::Tap final : public LayerTap {
         const ModelConfig& c = rf_.model_.config();
         if (acc_) {
             const int n_cols = cache.size();
-            Buffer col = be.alloc_floats(size_t(n_cols));
-            std::vector<float> host(n_cols, 0.0f);
-            be.upload(col.data(), host.data(), host.size() * sizeof(float));
-            ScoreParams sp;
-            sp.q = q;
-            cache.score_k(layer, 0, sp);  // k (or k16) in the cache's type
-            sp.lse = lse;
-            sp.q_pos = pos;
-            sp.k_pos = cache.pos_data();
-            sp.q_group = group;
-            sp.k_group = group ? cache.group_data() : nullptr;
-            sp.n_q = n;
-            sp.n_cols = n_cols;
-            sp.n_head = c.n_head;
-            sp.n_head_kv = c.n_head_kv;
-            sp.head_dim = c.head_dim;
-            sp.aggregate_sum = true;
-            sp.col = col.data();
-            be.attention_scores(sp);
-            be.download(host.data(), col.data(), host.size() * sizeof(float));
+            Buffer col = be.alloc_floats(size_t(std::max(n_cols, 1)));
+            const std::vector<float> host =
+                layer_column_scores(be, col, c, cache, layer, q, lse, n, pos, group, n_cols, true);
             std::vector<double>& a = rf_.acc_[layer];
             for (int j = 0; j < n_cols; ++j) a[j] += host[j];
         }

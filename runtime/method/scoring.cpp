@@ -75,26 +75,8 @@ class ScoreTap final : public LayerTap {
     }
     void on_attention(int layer, const float* q, const float* lse, int n, const int32_t* pos,
                       const int32_t* group, const KvCache& cache) override {
-        std::vector<float> zero(n_cols_, 0.0f);
-        be_.upload(col_.data(), zero.data(), zero.size() * sizeof(float));
-        ScoreParams sp;
-        sp.q = q;
-        cache.score_k(layer, 0, sp);
-        sp.lse = lse;
-        sp.q_pos = pos;
-        sp.k_pos = cache.pos_data();
-        sp.q_group = group;
-        sp.k_group = group ? cache.group_data() : nullptr;
-        sp.n_q = n;
-        sp.n_cols = n_cols_;
-        sp.n_head = c_.n_head;
-        sp.n_head_kv = c_.n_head_kv;
-        sp.head_dim = c_.head_dim;
-        sp.aggregate_sum = sum_;
-        sp.col = col_.data();
-        be_.attention_scores(sp);
-        std::vector<float> col(n_cols_);
-        be_.download(col.data(), col_.data(), col.size() * sizeof(float));
+        const std::vector<float> col =
+            layer_column_scores(be_, col_, c_, cache, layer, q, lse, n, pos, group, n_cols_, sum_);
         for (int j = 0; j < n_cols_; ++j) {
             total_[j] += sum_ ? double(col[j]) : std::sqrt(double(col[j]));
         }
@@ -147,6 +129,33 @@ std::vector<double> score_context(Model& model, const std::vector<ChunkKv>& chun
         model.layer_forward(l, hidden.data(), n, pos.data(), nullptr, slots.data(), cache, &tap);
     }
     return tap.result();
+}
+
+std::vector<float> layer_column_scores(Backend& be, Buffer& col, const ModelConfig& c,
+                                       const KvCache& cache, int layer, const float* q,
+                                       const float* lse, int n, const int32_t* pos,
+                                       const int32_t* group, int n_cols, bool aggregate_sum) {
+    std::vector<float> host(size_t(n_cols), 0.0f);
+    if (n_cols == 0) return host;
+    be.upload(col.data(), host.data(), host.size() * sizeof(float));
+    ScoreParams sp;
+    sp.q = q;
+    cache.score_k(layer, 0, sp);  // k (or k16) in the cache's storage type
+    sp.lse = lse;
+    sp.q_pos = pos;
+    sp.k_pos = cache.pos_data();
+    sp.q_group = group;
+    sp.k_group = group ? cache.group_data() : nullptr;
+    sp.n_q = n;
+    sp.n_cols = n_cols;
+    sp.n_head = c.n_head;
+    sp.n_head_kv = c.n_head_kv;
+    sp.head_dim = c.head_dim;
+    sp.aggregate_sum = aggregate_sum;
+    sp.col = col.data();
+    be.attention_scores(sp);
+    be.download(host.data(), col.data(), host.size() * sizeof(float));
+    return host;
 }
 
 }  // namespace infoflow

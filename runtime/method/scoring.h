@@ -38,4 +38,16 @@ std::vector<double> score_context(Model& model, const std::vector<ChunkKv>& chun
                                   const std::vector<int>& order, const std::vector<int32_t>& rows,
                                   const ScoreOptions& opt);
 
+// One layer's per-column attention aggregate of n query rows over the first n_cols slots of
+// `cache` (the rows' probabilities rebuilt from their LSE over all their keys): per column, the sum over heads and rows of the
+// probability (aggregate_sum) or of the squared head-mean (norm). `col` is device scratch of at
+// least n_cols floats; the result is on the host. Used by the InfoFlow score tap and by
+// REFORM's heavy-hitter statistics.
+std::vector<float> layer_column_scores(Backend& be, Buffer& col, const ModelConfig& c,
+                                       const KvCache& cache, int layer,
+                                       const float* q /*[n, n_head, head_dim]*/,
+                                       const float* lse /*[n, n_head]*/, int n,
+                                       const int32_t* pos /*[n]*/, const int32_t* group /*[n]*/,
+                                       int n_cols, bool aggregate_sum);
+
 }  // namespace infoflow
