@@ -27,6 +27,7 @@
 #       install    - `cmake --install` into a temp prefix; the installed binary, with the
 #                    installed configs, answers the France question; docs and configs are there
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../clock.sh"
 bin="$1"; mpiexec="$2"; case_name="$3"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -95,7 +96,7 @@ if sa == sb:  # same selected set: the K/V exchange is exactly half as many byte
 PY
     ;;
 configdiff)
-    start=$(date +%s)
+    start=$(mono_i)
     timeout 60 "$mpiexec" -n 1 --oversubscribe "$bin" --config configs/demo.toml \
         --set method.ratio=0.15 : -n 1 "$bin" --config configs/demo.toml --set method.ratio=0.3 \
         > "$tmp/out.txt" 2>&1
@@ -104,16 +105,16 @@ configdiff)
     [ "$rc" -ne 0 ] || fail "differing configs were accepted"
     [ "$rc" -ne 124 ] || fail "job hung"
     grep -q "rank 1 differs from rank 0" "$tmp/out.txt" || fail "error does not name rank 1"
-    echo "ok: rejected in $(( $(date +%s) - start )) s"
+    echo "ok: rejected in $(( $(mono_i) - start )) s"
     ;;
 fault)
     # Rank 1 fails as it enters scoring while rank 0 waits in the scoring collectives.
-    start=$(date +%s)
+    start=$(mono_i)
     INFOFLOW_INJECT_FAULT="1:scoring" timeout 60 "$mpiexec" -n 2 --oversubscribe \
         -x INFOFLOW_INJECT_FAULT "$bin" --config configs/demo.toml --set model.threads=1 \
         > "$tmp/out.txt" 2>&1
     rc=$?
-    took=$(( $(date +%s) - start ))
+    took=$(( $(mono_i) - start ))
     cat "$tmp/out.txt"
     [ "$rc" -ne 0 ] || fail "the job succeeded despite the fault"
     [ "$rc" -ne 124 ] || fail "job hung"
@@ -161,11 +162,11 @@ PY
     ;;
 planned)
     for set in model.dtype=bf16; do
-        start=$(date +%s%N)
+        start=$(mono_ns)
         if "$bin" --config configs/demo.toml --set "$set" > "$tmp/out.txt" 2>&1; then
             fail "--set $set was accepted"
         fi
-        ms=$(( ($(date +%s%N) - start) / 1000000 ))
+        ms=$(( ($(mono_ns) - start) / 1000000 ))
         cat "$tmp/out.txt"
         grep -q "not implemented yet" "$tmp/out.txt" || fail "--set $set: no 'not implemented yet'"
         grep -q "${set%%=*}" "$tmp/out.txt" || fail "--set $set: error does not name the key"

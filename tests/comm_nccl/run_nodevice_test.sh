@@ -5,6 +5,7 @@
 # left waiting for the NCCL id. Skipped (77) where a device is visible (the GPU tests cover it).
 #   run_nodevice_test.sh INFOFLOW_SP MPIEXEC TESTS_GPU_NCCL
 set -u
+. "$(dirname "${BASH_SOURCE[0]}")/../clock.sh"
 bin=${1:?usage: run_nodevice_test.sh INFOFLOW_SP MPIEXEC TESTS_GPU_NCCL}
 mpiexec=${2:?}
 probe=${3:?}
@@ -17,11 +18,11 @@ if [ $? -ne 77 ]; then
 fi
 err=$(mktemp)
 trap 'rm -f "$err"' EXIT
-t0=$(date +%s)
+t0=$(mono_i)
 timeout -k 5 60 "$mpiexec" -n 2 --oversubscribe "$bin" --config "$root/configs/demo.toml" \
     --set parallel.comm=nccl > /dev/null 2> "$err"
 rc=$?
-t1=$(date +%s)
+t1=$(mono_i)
 cat "$err"
 ok=1
 if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then

@@ -6,13 +6,14 @@
 # where the child finds no GPU.
 #   run_watchdog_test.sh TESTS_GPU_NCCL
 set -u
+. "$(dirname "${BASH_SOURCE[0]}")/../clock.sh"
 prog=${1:?usage: run_watchdog_test.sh TESTS_GPU_NCCL}
 err=$(mktemp)
 trap 'rm -f "$err"' EXIT
-t0=$(date +%s.%N)
+t0=$(mono_s)
 timeout -k 5 30 "$prog" --watchdog-child >/dev/null 2>"$err"
 rc=$?
-t1=$(date +%s.%N)
+t1=$(mono_s)
 if [ "$rc" -eq 77 ]; then
     echo "no GPU: skipped"
     exit 77

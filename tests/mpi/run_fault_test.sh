@@ -5,6 +5,7 @@
 # For each mode of tests/mpi/fault_rank_throws.cpp, runs it on 3 ranks (oversubscribed) under a
 # 30 s limit and checks: exit status non-zero and not the timeout's, and the expected stderr.
 set -u
+. "$(dirname "${BASH_SOURCE[0]}")/../clock.sh"
 mpiexec=${1:?usage: run_fault_test.sh MPIEXEC FAULT_PROGRAM}
 prog=${2:?usage: run_fault_test.sh MPIEXEC FAULT_PROGRAM}
 export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1}
@@ -21,10 +22,10 @@ run() {
     local mode=$1
     shift
     local t0 t1 rc
-    t0=$(date +%s)
+    t0=$(mono_i)
     timeout -k 5 "$limit" "$mpiexec" -n "$np" --oversubscribe "$prog" "$mode" >/dev/null 2>"$err"
     rc=$?
-    t1=$(date +%s)
+    t1=$(mono_i)
     local ok=1
     if [ "$rc" -eq 0 ]; then
         echo "FAIL [$mode]: the job exited 0"; ok=0

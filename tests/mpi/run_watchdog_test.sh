@@ -16,6 +16,7 @@
 #       bad_out        - an unwritable --out is refused before the run (within seconds, not
 #                        after the computation)
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../clock.sh"
 bin="$1"; mpiexec="$2"; writer="$3"; case_name="$4"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -32,7 +33,7 @@ stop_case() {
     local phase=$1 timeout_s=5
     local t0 rc took
     # The clock starts when rank 1 stops: the job's own start-up (model load) is not counted.
-    t0=$(date +%s.%N)
+    t0=$(mono_s)
     INFOFLOW_INJECT_FAULT="1:$phase:stop" timeout -k 5 120 "$mpiexec" -n 2 --oversubscribe \
         -x INFOFLOW_INJECT_FAULT "$bin" --config configs/demo.toml --set model.threads=1 \
         --set parallel.timeout_s=$timeout_s --out "$tmp/r.json" > "$tmp/out.txt" 2>&1 &
@@ -48,10 +49,10 @@ stop_case() {
         sleep 0.1
     done
     [ -n "$stopped" ] || { cat "$tmp/out.txt"; fail "rank 1 never stopped in $phase"; }
-    t0=$(date +%s.%N)
+    t0=$(mono_s)
     wait "$job"
     rc=$?
-    took=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
+    took=$(python3 -c "print(round($(mono_s) - $t0, 1))")
     cat "$tmp/out.txt"
     [ "$rc" -ne 0 ] || fail "the job exited 0 with a stopped rank"
     [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "the job hung (killed by timeout)"
@@ -79,7 +80,7 @@ model_diff)
     ln -s "$model" "$tmp/a/models/m.gguf"
     "$writer" "$model" "$tmp/b/models/m.gguf" || fail "cannot write the model variant"
     cfg="$root/configs/demo.toml"
-    start=$(date +%s)
+    start=$(mono_i)
     timeout -k 5 120 "$mpiexec" --oversubscribe -n 1 -wdir "$tmp/a" "$bin" --config "$cfg" \
         --set model.path=models/m.gguf --set model.threads=1 : \
         -n 1 -wdir "$tmp/b" "$bin" --config "$cfg" --set model.path=models/m.gguf \
@@ -93,7 +94,7 @@ model_diff)
         || fail "error does not name both ranks"
     grep -qF "$(realpath "$model")" "$tmp/out.txt" || fail "error does not name rank 0's file"
     grep -qF "$tmp/b/models/m.gguf" "$tmp/out.txt" || fail "error does not name rank 1's file"
-    echo "ok: rejected at start-up in $(( $(date +%s) - start )) s"
+    echo "ok: rejected at start-up in $(( $(mono_i) - start )) s"
     ;;
 sigint)
     # wait_or_kill PID LIMIT: waits up to LIMIT s for PID to end; returns its status, 137 if
@@ -115,7 +116,7 @@ sigint)
     sleep 12
     kill -0 "$job" 2>/dev/null || { cat "$tmp/out.txt"; fail "the job ended before the signal"; }
     kill -INT "$job"
-    start=$(date +%s)
+    start=$(mono_i)
     wait_or_kill "$job" 60
     rc=$?
     cat "$tmp/out.txt"
@@ -124,7 +125,7 @@ sigint)
     grep -qE "^\[rank 0/2\] interrupted" "$tmp/out.txt" || fail "no 'interrupted' line of rank 0"
     grep -qE "^\[rank 1/2\] interrupted" "$tmp/out.txt" || fail "no 'interrupted' line of rank 1"
     ls -a "$tmp" | grep -q "r.json" && fail "a result file (or its temp file) was left behind"
-    echo "ok: mpirun interrupted, rc=$rc, $(( $(date +%s) - start )) s after SIGINT, no --out"
+    echo "ok: mpirun interrupted, rc=$rc, $(( $(mono_i) - start )) s after SIGINT, no --out"
     # signal_job WHAT SIG WAIT LINE CMD...: starts CMD, sends SIG after WAIT s, and checks the
     # exit code (130 for SIGINT, 143 for SIGTERM), the line LINE (a regex) and that no result
     # file was left behind.
@@ -160,11 +161,11 @@ sigint)
     done
     ;;
 bad_out)
-    start=$(date +%s)
+    start=$(mono_i)
     "$mpiexec" -n 2 --oversubscribe "$bin" --config configs/demo.toml --set model.threads=1 \
         --out "$tmp/no_such_dir/r.json" > "$tmp/out.txt" 2>&1
     rc=$?
-    took=$(( $(date +%s) - start ))
+    took=$(( $(mono_i) - start ))
     cat "$tmp/out.txt"
     [ "$rc" -ne 0 ] || fail "an unwritable --out was accepted"
     grep -qF "[rank 0/2] error: --out / output.path: cannot write '$tmp/no_such_dir/r.json'" \

@@ -23,6 +23,7 @@
 # kernel refuses). Everything made (namespaces, veth ends, processes) is removed on exit, also
 # on failure.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../clock.sh"
 bin="$(realpath "$1")"; mpiexec="$2"; case_name="$3"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -165,11 +166,11 @@ kv | exact | ring)
     method=infoflow exchange=$case_name
     [ "$case_name" = ring ] && method=ring exchange=kv
     args=(--set method.name=$method --set parallel.exchange=$exchange)
-    t0=$(date +%s.%N)
+    t0=$(mono_s)
     local_run 2 "$tmp/local.json" "${args[@]}"
-    t1=$(date +%s.%N)
+    t1=$(mono_s)
     hosts_run "$addrA,$addrB" 2 "$tmp/hosts.json" "${args[@]}"
-    t2=$(date +%s.%N)
+    t2=$(mono_s)
     same "$tmp/local.json" "$tmp/hosts.json" 1
     python3 -c "print(f'   local run {$t1 - $t0:.1f} s, two-host run {$t2 - $t1:.1f} s')"
     grep -E "^placement" "$tmp/hosts.json.txt" || fail "no placement line in the run summary"
@@ -192,11 +193,11 @@ kill)
         --out "$tmp/r.json" > "$tmp/out.txt" 2>&1 &
     job=$!
     victim=$(stopped_rank_pid "$nsB") || { cat "$tmp/out.txt"; fail "rank 1 never reached recompute"; }
-    t0=$(date +%s.%N)
+    t0=$(mono_s)
     kill -KILL "$victim"
     wait "$job"
     rc=$?
-    took=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
+    took=$(python3 -c "print(round($(mono_s) - $t0, 1))")
     cat "$tmp/out.txt"
     [ "$rc" -ne 0 ] || fail "the job exited 0 after its rank 1 was killed"
     # mpirun itself exits 137 (128 + the signal of the killed rank): tell a hang by the time.
@@ -223,7 +224,7 @@ cutlink | cutlink_hung)
     # finish.
     stopped=$(stopped_rank_pid "$nsB") || { cat "$tmp/out.txt"; fail "rank 1 never reached recompute"; }
     ip -n "$nsA" link set "$vethA" down || fail "cannot cut the link"
-    t0=$(date +%s.%N)
+    t0=$(mono_s)
     if [ "$case_name" = cutlink_hung ]; then
         # Host B's daemon hangs too: rank 1's MPI_Abort, which waits for that daemon, never
         # returns, and only the rank's own bounded abort (2 s) ends it.
@@ -237,7 +238,7 @@ cutlink | cutlink_hung)
     for _ in $(seq 1 $(((timeout_s + 10) * 10))); do
         if [ -z "$(pgrep -x infoflow_sp | while read -r p; do
             ip netns identify "$p" 2>/dev/null | grep -qE "^($nsA|$nsB)$" && echo "$p"; done)" ]; then
-            ranks_gone=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
+            ranks_gone=$(python3 -c "print(round($(mono_s) - $t0, 1))")
             break
         fi
         sleep 0.1
@@ -257,7 +258,7 @@ cutlink | cutlink_hung)
     wait_gone 30
     wait "$job"
     rc=$?
-    took=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
+    took=$(python3 -c "print(round($(mono_s) - $t0, 1))")
     cat "$tmp/out.txt"
     for f in "$tmp"/ranks/*/rank.*/stderr; do echo "--- $f"; cat "$f"; done
     [ "$rc" -ne 0 ] || fail "the job exited 0 over a cut link"

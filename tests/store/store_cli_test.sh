@@ -16,6 +16,7 @@
 #       concurrent - two cache-build processes adding to one store at once both succeed and the
 #                    store holds every document
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../clock.sh"
 bin="$1"; mpiexec="$2"; case_name="$3"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -159,8 +160,8 @@ PY
     # Wait (up to 10 min) until one document is committed and the next one's temp file is being
     # written, then kill -9.
     caught=""
-    deadline=$(( $(date +%s) + 600 ))
-    while [ "$(date +%s)" -lt "$deadline" ] && kill -0 "$pid" 2>/dev/null; do
+    deadline=$(( $(mono_i) + 600 ))
+    while [ "$(mono_i)" -lt "$deadline" ] && kill -0 "$pid" 2>/dev/null; do
         n_done=$(ls "$store.d" 2>/dev/null | grep -c '^[0-9a-f]*\.h5$')
         t=$(ls -a "$store.d" 2>/dev/null | grep '\.tmp\.' | head -n 1)
         if [ "$n_done" -ge 1 ] && [ -n "$t" ] && [ "$(stat -c %s "$store.d/$t" 2>/dev/null || echo 0)" -gt 100000 ]; then
