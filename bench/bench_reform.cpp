@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,34 +16,12 @@
 #include "kernels/backend.h"
 #include "runtime/config/config.h"
 #include "runtime/core/error.h"
+#include "runtime/core/memory.h"
 #include "runtime/method/reform.h"
 #include "runtime/model/model.h"
 #include "runtime/model/model_loader.h"
 
 using namespace infoflow;
-
-namespace {
-
-// A field of /proc/self/status in MiB ("VmHWM", "VmRSS"); -1 when unreadable.
-double status_mib(const std::string& field) {
-    std::ifstream f("/proc/self/status");
-    std::string line;
-    while (std::getline(f, line)) {
-        if (line.rfind(field + ":", 0) == 0)
-            return std::atof(line.c_str() + field.size() + 1) / 1024.0;
-    }
-    return -1.0;
-}
-
-// Resets VmHWM to the current resident size (Linux >= 4.0); false when not possible.
-bool reset_peak() {
-    std::ofstream f("/proc/self/clear_refs");
-    if (!f) return false;
-    f << "5";
-    return bool(f);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
     std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", mode = "reform";
@@ -95,8 +72,8 @@ int main(int argc, char** argv) {
         req.question_begin = 2;
         req.question_end = 14;
 
-        const double rss_loaded = status_mib("VmRSS");
-        const bool reset = reset_peak();
+        const double rss_loaded = current_rss_mib();
+        const bool reset = reset_peak_rss();
         const auto t0 = std::chrono::steady_clock::now();
         int peak_slots = 0, layers = c.n_layer;
         double emb_mib = 0.0;
@@ -124,7 +101,7 @@ int main(int argc, char** argv) {
         const double ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
-        const double peak = status_mib("VmHWM");
+        const double peak = peak_rss_mib();
         std::printf(
             "%-6s tokens %7d  layers %2d  %9.1f ms  %8.1f tok/s  peak RSS %7.1f MiB "
             "(after load %7.1f MiB%s)  cache slots %d  embeddings %.1f MiB\n",

@@ -54,6 +54,7 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
         r.context_tokens ? double(r.selected_positions.size()) / r.context_tokens : 0.0;
     j["chunk_order"] = r.chunk_order;
     j["ttft_ms"] = r.ttft_ms;
+    j["peak_rss_mib"] = r.peak_rss_mib;
     j["store"] = {{"path", cfg.store.path},
                   {"tokens", r.store_tokens},
                   {"chunks", r.store_chunks},
@@ -133,6 +134,14 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
     std::printf("\nmoved      : %.3f MB sent, %.3f MB received (all ranks)\n", sent / 1e6,
                 recv / 1e6);
     std::printf("TTFT       : %.1f ms\n", r.ttft_ms);
+    if (!r.peak_rss_mib.empty()) {
+        std::printf("memory     : peak resident");
+        for (size_t q = 0; q < r.peak_rss_mib.size(); ++q) {
+            std::printf("%s %.0f MiB", q ? "," : "", r.peak_rss_mib[q]);
+        }
+        if (r.peak_rss_mib.size() > 1) std::printf(" (ranks 0..%zu)", r.peak_rss_mib.size() - 1);
+        std::printf("\n");
+    }
     for (const PhaseTime& p : r.phases) {
         if (p.name == "decode" && r.answer.size() > 1 && p.ms > 0) {
             // The first answer token comes with the suffix prefill; decode makes the rest.

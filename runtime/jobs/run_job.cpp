@@ -7,6 +7,7 @@
 #include "comm/communicator.h"
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
+#include "runtime/core/memory.h"
 #include "runtime/core/progress.h"
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/provenance.h"
@@ -25,6 +26,13 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     progress::note("load " + cfg.model.path + " ...");
     std::unique_ptr<Session> s = open_session(cfg, comm.local_rank());
     progress::phase_end("load", s->load_ms);
+    return_free_memory();  // the loader's dequantization scratch
+    {
+        char mem[96];
+        std::snprintf(mem, sizeof mem, "resident after load: %.0f MiB (peak %.0f MiB)",
+                      current_rss_mib(), peak_rss_mib());
+        progress::note(mem);
+    }
     s->comm = &comm;
     // Every rank must have loaded the same model: weights, shapes and tokenizer (docs/design.md
     // §11).

@@ -1,6 +1,7 @@
 #include "runtime/method/chunk_kv.h"
 
 #include "runtime/core/error.h"
+#include "runtime/core/memory.h"
 
 namespace infoflow {
 
@@ -48,13 +49,20 @@ std::vector<ChunkKv> prefill_chunks(Model& model, const std::vector<std::vector<
     return out;
 }
 
-void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std::vector<int>& order,
-                    const std::vector<int32_t>& target_pos, const std::vector<int32_t>* group,
-                    KvCache& cache, int n_layers) {
+namespace {
+
+// assemble_cache; with `release` (the same vector as `chunks`, writable) each chunk's K/V are
+// freed once copied.
+void assemble(Model& model, const std::vector<ChunkKv>& chunks, std::vector<ChunkKv>* release,
+              const std::vector<int>& order, const std::vector<int32_t>& target_pos,
+              const std::vector<int32_t>* group, KvCache& cache, int n_layers) {
     Backend& be = model.backend();
     const int L = n_layers < 0 ? model.config().n_layer : n_layers;
     size_t total = 0;
-    for (int ci : order) total += chunks.at(ci).tokens.size();
+    for (int ci : order) {
+        total += chunks.at(ci).tokens.size();
+        IF_CHECK(has_kv(chunks[ci]), "assemble_cache: the K/V of chunk " << ci << " were released");
+    }
     IF_CHECK(target_pos.size() == total,
              "assemble_cache: " << target_pos.size() << " positions for " << total << " tokens");
     IF_CHECK(group == nullptr || group->size() == total, "assemble_cache: group size mismatch");
@@ -101,8 +109,29 @@ void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std:
                 cache.write_range_raw(l, first + at, n, narrow_k.data(), ck.v[l].data());
             }
         }
+        if (release) {
+            ChunkKv& done = (*release)[ci];
+            std::vector<Buffer>().swap(done.k);
+            std::vector<Buffer>().swap(done.v);
+            return_free_memory();  // now, not after the loop: the peak is what this saves
+        }
         at += n;
     }
+}
+
+}  // namespace
+
+void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std::vector<int>& order,
+                    const std::vector<int32_t>& target_pos, const std::vector<int32_t>* group,
+                    KvCache& cache, int n_layers) {
+    assemble(model, chunks, nullptr, order, target_pos, group, cache, n_layers);
+}
+
+void assemble_cache_releasing(Model& model, std::vector<ChunkKv>& chunks,
+                              const std::vector<int>& order,
+                              const std::vector<int32_t>& target_pos,
+                              const std::vector<int32_t>* group, KvCache& cache) {
+    assemble(model, chunks, &chunks, order, target_pos, group, cache, -1);
 }
 
 }  // namespace infoflow

@@ -40,4 +40,15 @@ void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std:
                     const std::vector<int32_t>& target_pos, const std::vector<int32_t>* group,
                     KvCache& cache, int n_layers = -1);
 
+// The same, but each chunk's K/V buffers are released as soon as they are in `cache` (its
+// tokens and local positions stay): the context is never held twice, so the peak memory of the
+// assembly is the cache plus one chunk, not the cache plus every chunk.
+void assemble_cache_releasing(Model& model, std::vector<ChunkKv>& chunks,
+                              const std::vector<int>& order,
+                              const std::vector<int32_t>& target_pos,
+                              const std::vector<int32_t>* group, KvCache& cache);
+
+// Whether the chunk's K/V are still held (assemble_cache_releasing drops them).
+inline bool has_kv(const ChunkKv& c) { return c.size() == 0 || !c.k.empty(); }
+
 }  // namespace infoflow

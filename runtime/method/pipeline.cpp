@@ -88,9 +88,18 @@ std::vector<int> reorder_chunks(Model& model, const PreparedRequest& req, const 
     return reorder_by_selection(sel, slot_chunk, sizes);
 }
 
-// The chunks in `order` assembled in a cache with room for the suffix and the answer.
+// InfoFlow scores the context cache itself when its positions are the scoring layout's (global)
+// and no emulated-rank groups restrict what the rows see; otherwise it assembles a scoring cache
+// of its own from the chunks.
+bool scores_in_context_cache(const Config& cfg) {
+    return cfg.scoring.layout == Config::Layout::global && cfg.parallel.emulate_ranks <= 1;
+}
+
+// The chunks in `order` assembled in a cache with room for the suffix and the answer. With
+// `release` (the same vector as `chunks`) each chunk's K/V are freed once copied.
 Context assemble_context(Model& model, const PreparedRequest& req, const Config& cfg,
-                         const std::vector<ChunkKv>& chunks, const std::vector<int>& order) {
+                         const std::vector<ChunkKv>& chunks, const std::vector<int>& order,
+                         std::vector<ChunkKv>* release = nullptr) {
     const int T = req.context_tokens();
     Context x(model.make_cache(T + int(req.suffix.size()) + cfg.decode.max_new_tokens));
     x.order = order;
@@ -116,7 +125,12 @@ Context assemble_context(Model& model, const PreparedRequest& req, const Config&
         const Placement place = place_chunks(sizes, emulate);
         for (int j = 0; j < T; ++j) x.slot_group.push_back(place.chunk_rank[x.slot_chunk[j]]);
     }
-    assemble_cache(model, chunks, order, x.gpos, x.grouped() ? &x.slot_group : nullptr, x.cache);
+    const std::vector<int32_t>* group = x.grouped() ? &x.slot_group : nullptr;
+    if (release) {
+        assemble_cache_releasing(model, *release, order, x.gpos, group, x.cache);
+    } else {
+        assemble_cache(model, chunks, order, x.gpos, group, x.cache);
+    }
     return x;
 }
 
@@ -167,9 +181,13 @@ Selection score_and_select(Model& model, const PreparedRequest& req, const Confi
     switch (cfg.method.name) {
         case Config::Method::infoflow:
             if (in.k_budget > 0) {
+                const std::vector<int32_t> rows = scoring_rows(req, cfg.scoring.query);
+                const ScoreOptions opt = score_options(cfg, model.config().n_layer);
+                const int T = int(x.gpos.size());
                 const std::vector<double> score =
-                    score_context(model, chunks, x.order, scoring_rows(req, cfg.scoring.query),
-                                  score_options(cfg, model.config().n_layer));
+                    scores_in_context_cache(cfg)
+                        ? score_assembled(model, x.cache, T, int32_t(T), rows, opt)
+                        : score_context(model, chunks, x.order, rows, opt);
                 s.selected = select_top_k(score, x.gpos, in.eligible, in.k_budget);
             }
             break;
@@ -254,7 +272,14 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
         clock.mark("reorder");
     }
 
-    Context x = assemble_context(model, req, cfg, chunks, r.chunk_order);
+    // Once in the context cache the chunks' K/V are needed again only to score in another
+    // layout or to be written to the store; otherwise each is freed as it is copied (the 8K
+    // context is then held once, not twice).
+    const bool keep_chunks =
+        hooks.chunks != nullptr ||
+        (source.uses_store() && cfg.store.mode == Config::StoreMode::read_write) ||
+        (cfg.method.name == Config::Method::infoflow && !scores_in_context_cache(cfg));
+    Context x = assemble_context(model, req, cfg, chunks, r.chunk_order, keep_chunks ? nullptr : &own);
     const Selection s = score_and_select(model, req, cfg, chunks, x);
     if (cfg.method.name != Config::Method::none) clock.mark("scoring");
     recompute(model, x, s);

@@ -41,6 +41,9 @@ struct MethodResult {
     int store_tokens = 0;
     uint64_t store_bytes = 0;
     int store_added = 0;
+    // Peak resident memory of each rank's process up to the answer, MiB ([rank]; -1 where the
+    // system does not say; filled by run_request).
+    std::vector<double> peak_rss_mib;
     // Per phase, per rank (filled on rank 0 of a distributed run): [phase][rank].
     std::vector<std::vector<PhaseTime>> phases_per_rank;
 };

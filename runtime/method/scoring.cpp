@@ -104,20 +104,30 @@ class ScoreTap final : public LayerTap {
 std::vector<double> score_context(Model& model, const std::vector<ChunkKv>& chunks,
                                   const std::vector<int>& order, const std::vector<int32_t>& rows,
                                   const ScoreOptions& opt) {
+    IF_CHECK(!opt.layers.empty(), "scoring needs at least one layer");
+    const int max_layer = *std::max_element(opt.layers.begin(), opt.layers.end());
+    IF_CHECK(max_layer < model.config().n_layer,
+             "scoring layer " << max_layer << " >= n_layer " << model.config().n_layer);
+    const LayoutPositions lp = layout_positions(opt.layout, chunks, order);
+    const int T = int(lp.key_pos.size());
+    KvCache cache = model.make_cache(T + int(rows.size()));
+    assemble_cache(model, chunks, order, lp.key_pos, nullptr, cache, max_layer + 1);
+    return score_assembled(model, cache, T, lp.row_start, rows, opt);
+}
+
+std::vector<double> score_assembled(Model& model, KvCache& cache, int T, int32_t row_start,
+                                    const std::vector<int32_t>& rows, const ScoreOptions& opt) {
     const ModelConfig& c = model.config();
     IF_CHECK(!opt.layers.empty(), "scoring needs at least one layer");
     IF_CHECK(!rows.empty(), "scoring needs at least one row");
     const int max_layer = *std::max_element(opt.layers.begin(), opt.layers.end());
     IF_CHECK(max_layer < c.n_layer, "scoring layer " << max_layer << " >= n_layer " << c.n_layer);
-
-    const LayoutPositions lp = layout_positions(opt.layout, chunks, order);
-    const int T = int(lp.key_pos.size());
+    IF_CHECK(cache.size() == T, "score_assembled: the cache holds " << cache.size()
+                                                                    << " slots, not the " << T
+                                                                    << " context slots");
     const int n = int(rows.size());
-    KvCache cache = model.make_cache(T + n);
-    assemble_cache(model, chunks, order, lp.key_pos, nullptr, cache, max_layer + 1);
-
     std::vector<int32_t> pos(n);
-    for (int i = 0; i < n; ++i) pos[i] = lp.row_start + i;
+    for (int i = 0; i < n; ++i) pos[i] = row_start + i;
     const int first = cache.append(n, pos.data(), nullptr);
     std::vector<int32_t> slots(n);
     for (int i = 0; i < n; ++i) slots[i] = first + i;
@@ -128,6 +138,7 @@ std::vector<double> score_context(Model& model, const std::vector<ChunkKv>& chun
     for (int l = 0; l <= max_layer; ++l) {  // early exit after the deepest scoring layer
         model.layer_forward(l, hidden.data(), n, pos.data(), nullptr, slots.data(), cache, &tap);
     }
+    cache.truncate(T);
     return tap.result();
 }
 

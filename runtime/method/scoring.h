@@ -38,6 +38,13 @@ std::vector<double> score_context(Model& model, const std::vector<ChunkKv>& chun
                                   const std::vector<int>& order, const std::vector<int32_t>& rows,
                                   const ScoreOptions& opt);
 
+// The same scores over a cache that already holds the T context slots at the layout's positions
+// in its first T slots (the context cache of the global layout, with no visibility groups):
+// the rows are appended at positions row_start.., run through layers 0..max(layers) and dropped
+// again (the cache is truncated back to T), so no second copy of the context is assembled.
+std::vector<double> score_assembled(Model& model, KvCache& cache, int T, int32_t row_start,
+                                    const std::vector<int32_t>& rows, const ScoreOptions& opt);
+
 // One layer's per-column attention aggregate of n query rows over the first n_cols slots of
 // `cache` (the rows' probabilities rebuilt from their LSE over all their keys): per column, the sum over heads and rows of the
 // probability (aggregate_sum) or of the squared head-mean (norm). `col` is device scratch of at

@@ -1,14 +1,16 @@
 #include "runtime/parallel/run.h"
 
+#include "runtime/core/memory.h"
 #include "runtime/method/reform.h"
 #include "runtime/parallel/ring.h"
 #include "runtime/parallel/sp_pipeline.h"
 #include "runtime/parallel/sp_reform.h"
 
 namespace infoflow {
+namespace {
 
-MethodResult run_request(Model& model, const PreparedRequest& req, const Config& cfg,
-                         Communicator& comm, const std::vector<int32_t>& stop_ids) {
+MethodResult run_on_ranks(Model& model, const PreparedRequest& req, const Config& cfg,
+                          Communicator& comm, const std::vector<int32_t>& stop_ids) {
     const Config::Method m = cfg.method.name;
     if (m == Config::Method::ring) return run_ring(model, req, cfg, comm, stop_ids);
     if (comm.size() == 1) {
@@ -28,6 +30,18 @@ MethodResult run_request(Model& model, const PreparedRequest& req, const Config&
         return r;
     }
     return run_method_sp(model, req, cfg, comm, stop_ids);
+}
+
+}  // namespace
+
+MethodResult run_request(Model& model, const PreparedRequest& req, const Config& cfg,
+                         Communicator& comm, const std::vector<int32_t>& stop_ids) {
+    MethodResult r = run_on_ranks(model, req, cfg, comm, stop_ids);
+    // Every rank's peak resident memory up to the answer (the process's, model load included).
+    const double mine = peak_rss_mib();
+    r.peak_rss_mib.assign(size_t(comm.size()), 0.0);
+    comm.all_gather(&mine, sizeof mine, r.peak_rss_mib.data());
+    return r;
 }
 
 }  // namespace infoflow

@@ -198,3 +198,52 @@ TEST_CASE("cacheblend ranks tokens by their layer-1 K/V deviation", "[selection]
     CHECK(select_top_k(d, pos, {1, 1, 1, 1}, 2) == std::vector<int>{0, 2});
     CHECK(select_top_k(d, pos, {0, 1, 1, 1}, 2) == std::vector<int>{2, 3});  // chunk 0 excluded
 }
+
+TEST_CASE("scoring in the context cache and the releasing assembly change no bit", "[scoring]") {
+    // The single-rank pipeline scores the global layout in its context cache (score_assembled)
+    // and frees each chunk's K/V as it is assembled; both must equal the separate scoring cache
+    // and the keeping assembly exactly, in every KV type.
+    for (KvDtype dt : {KvDtype::f32, KvDtype::f16, KvDtype::bf16}) {
+        TinyModel tm;
+        tm.m->set_kv_dtype(dt);
+        const ModelConfig& c = tm.w.config;
+        const PreparedRequest req = random_request(11, c.n_vocab, 4, {9, 14, 6}, 5);
+        std::vector<ChunkKv> chunks = make_chunks(*tm.m, req);
+        const std::vector<int> order{0, 2, 1, 3};  // out of order: positions follow `order`
+        const std::vector<int32_t> rows(req.suffix.begin() + req.question_begin,
+                                        req.suffix.begin() + req.question_end);
+        const int T = req.context_tokens();
+        ScoreOptions opt;
+        opt.layers = {1, 3};
+        const std::vector<double> separate = score_context(*tm.m, chunks, order, rows, opt);
+
+        const std::vector<int32_t> gpos = global_positions(chunks, order);
+        KvCache keep = tm.m->make_cache(T + 8);
+        assemble_cache(*tm.m, chunks, order, gpos, nullptr, keep);
+        KvCache released = tm.m->make_cache(T + 8);
+        assemble_cache_releasing(*tm.m, chunks, order, gpos, nullptr, released);
+        CAPTURE(kv_dtype_name(dt));
+        for (const ChunkKv& ck : chunks) {
+            CHECK_FALSE(has_kv(ck));
+            CHECK(!ck.tokens.empty());  // tokens and positions stay
+        }
+        CHECK_THROWS_WITH(assemble_cache(*tm.m, chunks, order, gpos, nullptr, keep),
+                          Catch::Contains("were released"));
+        REQUIRE(released.size() == T);
+        const size_t rb = keep.row_bytes();
+        std::vector<char> ka(T * rb), va(T * rb), kb(T * rb), vb(T * rb);
+        for (int l = 0; l < c.n_layer; ++l) {
+            keep.read_range_raw(l, 0, T, ka.data(), va.data());
+            released.read_range_raw(l, 0, T, kb.data(), vb.data());
+            CHECK(ka == kb);
+            CHECK(va == vb);
+        }
+
+        const std::vector<double> in_place =
+            score_assembled(*tm.m, released, T, int32_t(T), rows, opt);
+        CHECK(in_place == separate);  // bit for bit
+        CHECK(released.size() == T);  // the scoring rows are dropped again
+        CHECK_THROWS_WITH(score_assembled(*tm.m, keep, T - 1, T - 1, rows, opt),
+                          Catch::Contains("context slots"));
+    }
+}
