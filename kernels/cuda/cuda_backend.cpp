@@ -112,8 +112,8 @@ class CudaBackend final : public Backend {
            << ", " << prop.totalGlobalMem / (size_t(1) << 30) << " GiB)";
         device_name_ = os.str();
         IF_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-        IF_CUBLAS_CHECK(cublasCreate(&blas_));
-        IF_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+        IF_CUBLAS_CHECK(cuda::cublas().create(&blas_));
+        IF_CUBLAS_CHECK(cuda::cublas().set_stream(blas_, stream_));
         set_threads(n_threads);
     }
     ~CudaBackend() override {
@@ -122,7 +122,7 @@ class CudaBackend final : public Backend {
         for (void* p : {static_cast<void*>(x_bf16_), static_cast<void*>(idx_dev_), attn_scratch_}) {
             if (p) report(cudaFree(p), "cudaFree");
         }
-        if (blas_) cublasDestroy(blas_);
+        if (blas_) cuda::cublas().destroy(blas_);
         if (stream_) report(cudaStreamDestroy(stream_), "cudaStreamDestroy");
     }
 
@@ -217,7 +217,7 @@ class CudaBackend final : public Backend {
         cuda::launch_cast_bf16(c, stream_);
         const float alpha = 1.0f;
         const float beta = accumulate ? 1.0f : 0.0f;
-        IF_CUBLAS_CHECK(cublasGemmEx(blas_, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+        IF_CUBLAS_CHECK(cuda::cublas().gemm_ex(blas_, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                      g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.M, g.N, g.K, &alpha,
                                      w, CUDA_R_16BF, g.lda, xb, CUDA_R_16BF, g.ldb, &beta, out,
                                      CUDA_R_32F, g.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

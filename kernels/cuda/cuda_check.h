@@ -2,9 +2,9 @@
 // the call and the library's error string. Only for files in kernels/cuda/.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/cublas_loader.h"
 #include "runtime/core/error.h"
 
 #define IF_CUDA_CHECK(call)                                                        \
@@ -20,8 +20,8 @@
     do {                                                                               \
         const cublasStatus_t if_cublas_st_ = (call);                                   \
         if (if_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                  \
-            IF_FAIL(#call << " failed: " << cublasGetStatusName(if_cublas_st_) << ": " \
-                          << cublasGetStatusString(if_cublas_st_));                    \
+            IF_FAIL(#call << " failed: " << ::infoflow::cuda::cublas().status_name(if_cublas_st_) \
+                          << ": " << ::infoflow::cuda::cublas().status_string(if_cublas_st_)); \
         }                                                                              \
     } while (0)
 
