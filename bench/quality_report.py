@@ -20,6 +20,7 @@ writes PNGs: <prefix>-pareto.png (mean KL and accuracy against online TTFT per m
 """
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -84,8 +85,9 @@ def fmt_pair(p, f="%+.3f"):
 
 
 def load_rows(path):
-    if path.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
+    if path.endswith(".jsonl") or path.endswith(".jsonl.gz"):
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
     with open(path, encoding="utf-8") as f:
         result = json.load(f)
@@ -199,6 +201,30 @@ def main():
                  bootstrap(values(pts, p, cases, "correct"))))
         if full_ms is None and cases:
             full_ms = np.mean(values(pts, "full", cases, "ttft_ms"))
+        # InfoFlow against CacheBlend and EPIC at the same ratio, paired on the same cases.
+        by_ratio = {}
+        for p in pts:
+            if p != "full":
+                m, ratio = method_of(p)
+                by_ratio.setdefault(ratio, {})[m] = p
+        pair_rows = []
+        for ratio in sorted(by_ratio):
+            d = by_ratio[ratio]
+            for other in ("cacheblend", "epic"):
+                if "infoflow" in d and other in d:
+                    pair_rows.append("| %.2f | %s | %s | %s |" % (
+                        ratio, other,
+                        fmt_pair(paired(values(pts, d["infoflow"], cases, "mean_kl"),
+                                        values(pts, d[other], cases, "mean_kl")), "%+.4f"),
+                        fmt_pair(paired(values(pts, d["infoflow"], cases, "correct"),
+                                        values(pts, d[other], cases, "correct")), "%+.2f")))
+        if pair_rows:
+            md += ["### InfoFlow against CacheBlend and EPIC at equal ratio (paired)", "",
+                   f"n = {len(cases)} cases; InfoFlow minus the other method on the same cases "
+                   "(negative KL = InfoFlow closer to full; positive accuracy = InfoFlow keeps "
+                   "more answers); (n.s.) = the interval contains 0.", "",
+                   "| ratio | vs | mean KL: infoflow − other | accuracy: infoflow − other |",
+                   "|---|---|---|---|"] + pair_rows + [""]
     if curve:
         md += ["### Ratio curve", "",
                "Mean online time (scoring + recompute + suffix prefill over prefilled chunks, the "
@@ -265,6 +291,27 @@ def main():
                 "%.3f" % np.mean(values(pts, p, cases, "argmax_agree"))]) + " |")
             rows.append((layer, iv, acc))
         md.append("")
+        if best is not None:
+            # The rule of docs/quality.md ("Choosing the scoring layers"): the layers whose
+            # paired KL difference from the best is not significant; of those, the run of four
+            # consecutive layers with the lowest summed mean KL (the longest run if none has four).
+            layer_of = {p: json.loads(p.split("=", 1)[1])[0] for p in layer_pts}
+            ok = {layer_of[best]}
+            for p in layer_pts:
+                if p != best and not paired(kl[p], kl[best])[4]:  # [4]: significant
+                    ok.add(layer_of[p])
+            mean = {layer_of[p]: float(np.mean(kl[p])) for p in layer_pts}
+            runs = []
+            for start in sorted(ok):
+                run = [start]
+                while run[-1] + 1 in ok and len(run) < 4:
+                    run.append(run[-1] + 1)
+                runs.append(run)
+            longest = max(len(r) for r in runs)
+            pick = min((r for r in runs if len(r) == longest), key=lambda r: sum(mean[x] for x in r))
+            md += [f"Best single layer: {layer_of[best]}. Not significantly worse than it: "
+                   f"{', '.join(str(x) for x in sorted(ok))}. The rule's choice (four consecutive "
+                   f"layers of that set with the lowest summed mean KL): **{pick}**.", ""]
         if plt and rows:
             fig, ax = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
             x = [r[0] for r in rows]
