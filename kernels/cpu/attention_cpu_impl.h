@@ -44,7 +44,8 @@ void attention(const AttnParams& p, int n_threads) {
     if (n_q == 0) return;
     const bool groups = p.k_group != nullptr;
     IF_CHECK(!groups || p.q_group, "attention: k_group given without q_group");
-    const int Dp = round_up(D, L * DV);  // padded head width (zeros), a whole number of blocks
+    const int Dp = round_up(D, L * DV);       // padded head width (zeros), a whole number of blocks
+    const bool v_in_place = wide && Dp == D;  // P·V reads the fp32 cache rows directly
 
     // Position range of each key tile: the cut-off that skips a tile for a query block.
     const int n_tiles = (n_kv + KT - 1) / KT;
@@ -106,15 +107,25 @@ void attention(const AttnParams& p, int n_threads) {
                     kpos[j] = j < nk ? p.k_pos[j0 + j] : INT32_MAX;
                     kgrp[j] = j < nk && groups ? p.k_group[j0 + j] : -1;
                 }
-                // K^T [D, KT] and V [KT, Dp] of the tile in fp32.
+                // K^T [D, KT] of the tile in fp32; V [KT, Dp] in fp32 — read in place from an
+                // fp32 cache whose head width needs no padding (decode repacked every key of
+                // every step otherwise), else widened into vt.
                 for (int j = 0; j < nk; ++j) {
                     const size_t at = ((size_t(j0) + j) * stride + size_t(hk) * D) * esize;
-                    V::widen(p.kv_dtype, kbase + at, D, krow.data());
-                    for (int d = 0; d < D; ++d) kt[size_t(d) * KT + j] = krow[d];
-                    V::widen(p.kv_dtype, vbase + at, D, vt.data() + size_t(j) * Dp);
+                    const float* krow_p = reinterpret_cast<const float*>(kbase + at);
+                    if (!wide) {
+                        V::widen(p.kv_dtype, kbase + at, D, krow.data());
+                        krow_p = krow.data();
+                    }
+                    for (int d = 0; d < D; ++d) kt[size_t(d) * KT + j] = krow_p[d];
+                    if (!v_in_place)
+                        V::widen(p.kv_dtype, vbase + at, D, vt.data() + size_t(j) * Dp);
                 }
-                for (int j = nk; j < KT; ++j) {  // P is 0 there; keep V finite
-                    std::fill(vt.begin() + size_t(j) * Dp, vt.begin() + size_t(j) * Dp + D, 0.0f);
+                if (!v_in_place) {
+                    for (int j = nk; j < KT; ++j) {  // P is 0 there; keep V finite
+                        std::fill(vt.begin() + size_t(j) * Dp, vt.begin() + size_t(j) * Dp + D,
+                                  0.0f);
+                    }
                 }
                 // Rows that see every key of the tile need no mask (most of a causal prefill).
                 const bool plain = !groups && nk == KT;
@@ -189,7 +200,13 @@ void attention(const AttnParams& p, int n_threads) {
                                     a, V::load(ob.data() + size_t(r0 + r) * Dp + dc + v * L));
                         }
                         for (int j = 0; j < nk; ++j) {
-                            const float* vj = vt.data() + size_t(j) * Dp + dc;
+                            const float* vj =
+                                (v_in_place
+                                     ? reinterpret_cast<const float*>(
+                                           vbase +
+                                           ((size_t(j0) + j) * stride + size_t(hk) * D) * esize)
+                                     : vt.data() + size_t(j) * Dp) +
+                                dc;
                             F vv[DV];
 #pragma GCC unroll 16
                             for (int v = 0; v < DV; ++v) vv[v] = V::load(vj + v * L);
