@@ -127,6 +127,11 @@ void attention(const AttnParams& p, int n_threads) {
                                   0.0f);
                     }
                 }
+                // Row j of the tile's V: the cache row itself, or its widened copy in vt.
+                const float* v0 = v_in_place ? reinterpret_cast<const float*>(vbase) +
+                                                   size_t(j0) * stride + size_t(hk) * D
+                                             : vt.data();
+                const size_t vstep = v_in_place ? stride : size_t(Dp);
                 // Rows that see every key of the tile need no mask (most of a causal prefill).
                 const bool plain = !groups && nk == KT;
 
@@ -200,13 +205,7 @@ void attention(const AttnParams& p, int n_threads) {
                                     a, V::load(ob.data() + size_t(r0 + r) * Dp + dc + v * L));
                         }
                         for (int j = 0; j < nk; ++j) {
-                            const float* vj =
-                                (v_in_place
-                                     ? reinterpret_cast<const float*>(
-                                           vbase +
-                                           ((size_t(j0) + j) * stride + size_t(hk) * D) * esize)
-                                     : vt.data() + size_t(j) * Dp) +
-                                dc;
+                            const float* vj = v0 + size_t(j) * vstep + dc;
                             F vv[DV];
 #pragma GCC unroll 16
                             for (int v = 0; v < DV; ++v) vv[v] = V::load(vj + v * L);
