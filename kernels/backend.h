@@ -142,6 +142,8 @@ struct NativeMatrix {
     int cols = 0;
     size_t row_bytes = 0;
     const uint8_t* data = nullptr;  // [rows, row_bytes]
+    // 1: plain rows; kRowGroup (kernels/cpu/quant_dot.h): rows block-interleaved in groups of 4.
+    int row_group = 1;
     // Small batches: multiply with the fp32 activations (each weight row dequantized to fp32 in
     // cache first) instead of 8-bit quantized ones; for products whose rounding a caller cannot
     // afford (the LM head: the logits themselves).

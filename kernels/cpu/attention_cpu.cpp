@@ -55,6 +55,29 @@ struct Avx2 {
     static void widen(KvDtype t, const void* src, int n, float* dst) {
         detail::widen_row_avx2(t, src, n, dst);
     }
+    // dst[c * dst_stride + j] = src[j * stride + c], j < n (<= 8; rows past n are zeros), c < 8:
+    // the 8 x 8 transpose in registers (pairs, then 4 x 4 blocks, then 128-bit halves).
+    static void transpose(const float* src, size_t stride, int n, float* dst, size_t dst_stride) {
+        __m256 r[8], t[8];
+        for (int j = 0; j < 8; ++j)
+            r[j] = j < n ? _mm256_loadu_ps(src + size_t(j) * stride) : _mm256_setzero_ps();
+        for (int i = 0; i < 4; ++i) {
+            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // r[4i + c], 128-bit half L: rows 4i..4i+3 at column 4L + c.
+        for (int i = 0; i < 2; ++i) {
+            r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+            r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+            r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+            r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+        }
+        for (int c = 0; c < 4; ++c) {
+            _mm256_storeu_ps(dst + size_t(c) * dst_stride, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+            _mm256_storeu_ps(dst + size_t(4 + c) * dst_stride,
+                             _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+        }
+    }
 };
 
 }  // namespace

@@ -71,6 +71,35 @@ struct Avx512 {
     static void widen(KvDtype t, const void* src, int n, float* dst) {
         detail::widen_row_avx512(t, src, n, dst);
     }
+    // dst[c * dst_stride + j] = src[j * stride + c], j < n (<= 16; rows past n are zeros),
+    // c < 16: the 16 x 16 transpose in registers (pairs, then 4 x 4 blocks, then 128-bit lanes).
+    static void transpose(const float* src, size_t stride, int n, float* dst, size_t dst_stride) {
+        __m512 r[16], t[16];
+        for (int j = 0; j < 16; ++j)
+            r[j] = j < n ? _mm512_loadu_ps(src + size_t(j) * stride) : _mm512_setzero_ps();
+        for (int i = 0; i < 8; ++i) {
+            t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // r[4i + c], 128-bit lane L: rows 4i..4i+3 at column 4L + c.
+        for (int i = 0; i < 4; ++i) {
+            r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+            r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+            r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+            r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+        }
+        // Column 4L + c gathers lane L of r[c], r[4 + c], r[8 + c], r[12 + c].
+        for (int c = 0; c < 4; ++c) {
+            const __m512 a = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+            const __m512 b = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+            const __m512 e = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+            const __m512 f = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+            _mm512_storeu_ps(dst + size_t(c) * dst_stride, _mm512_shuffle_f32x4(a, b, 0x88));
+            _mm512_storeu_ps(dst + size_t(8 + c) * dst_stride, _mm512_shuffle_f32x4(a, b, 0xDD));
+            _mm512_storeu_ps(dst + size_t(4 + c) * dst_stride, _mm512_shuffle_f32x4(e, f, 0x88));
+            _mm512_storeu_ps(dst + size_t(12 + c) * dst_stride, _mm512_shuffle_f32x4(e, f, 0xDD));
+        }
+    }
 };
 
 }  // namespace

@@ -23,6 +23,23 @@ constexpr int kQueryBlock = 32;  // query tokens per task (times the g heads sha
 
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+// kt[d * KT + j] = src[j * rstride + d] for the nk (<= KT) keys of a tile: L x L blocks
+// transposed in registers (V::transpose), a head width that is not a multiple of L finished
+// element by element. Keys past nk in the last block come out as zeros.
+template <class V>
+void transpose_tile(const float* src, size_t rstride, int nk, int D, float* kt, int KT) {
+    constexpr int L = V::L;
+    const int Dv = D / L * L;
+    for (int j0 = 0; j0 < nk; j0 += L) {
+        const int n = std::min(L, nk - j0);
+        for (int d0 = 0; d0 < Dv; d0 += L)
+            V::transpose(src + size_t(j0) * rstride + d0, rstride, n, kt + size_t(d0) * KT + j0,
+                         size_t(KT));
+        for (int j = j0; j < j0 + n; ++j)
+            for (int d = Dv; d < D; ++d) kt[size_t(d) * KT + j] = src[size_t(j) * rstride + d];
+    }
+}
+
 template <class V>
 void attention(const AttnParams& p, int n_threads) {
     using F = typename V::F;
@@ -59,13 +76,15 @@ void attention(const AttnParams& p, int n_threads) {
 
 #pragma omp parallel num_threads(n_threads)
     {
-        const int max_rows = round_up(kQueryBlock * g, RB);
+        // Sized for this call's query blocks (decode: one token, g rows).
+        const int max_rows = round_up(std::min(kQueryBlock, n_q) * g, RB);
         std::vector<float> qb(size_t(max_rows) * Dp, 0.0f), ob(size_t(max_rows) * Dp);
         std::vector<float> pt(size_t(max_rows) * KT), kt(size_t(D) * KT, 0.0f);
-        std::vector<float> vt(size_t(KT) * Dp, 0.0f), alpha(max_rows), m(max_rows);
+        std::vector<float> vt(v_in_place ? 0 : size_t(KT) * Dp, 0.0f), alpha(max_rows),
+            m(max_rows);
         std::vector<double> l(max_rows);
         std::vector<int32_t> rpos(max_rows), rgrp(max_rows);
-        std::vector<float> krow(Dp);
+        std::vector<float> kw(wide ? 0 : size_t(KT) * D);  // a tile's K widened to fp32
         alignas(64) int32_t kpos[KT];
         alignas(64) int32_t kgrp[KT];
 
@@ -107,19 +126,21 @@ void attention(const AttnParams& p, int n_threads) {
                     kpos[j] = j < nk ? p.k_pos[j0 + j] : INT32_MAX;
                     kgrp[j] = j < nk && groups ? p.k_group[j0 + j] : -1;
                 }
-                // K^T [D, KT] of the tile in fp32; V [KT, Dp] in fp32 — read in place from an
-                // fp32 cache whose head width needs no padding (decode repacked every key of
-                // every step otherwise), else widened into vt.
-                for (int j = 0; j < nk; ++j) {
+                // K^T [D, KT] of the tile in fp32 (transposed from the cache rows, or from
+                // their widened copies); V [KT, Dp] in fp32 — read in place from an fp32 cache
+                // whose head width needs no padding, else widened into vt.
+                for (int j = 0; j < nk && (!wide || !v_in_place); ++j) {
                     const size_t at = ((size_t(j0) + j) * stride + size_t(hk) * D) * esize;
-                    const float* krow_p = reinterpret_cast<const float*>(kbase + at);
-                    if (!wide) {
-                        V::widen(p.kv_dtype, kbase + at, D, krow.data());
-                        krow_p = krow.data();
-                    }
-                    for (int d = 0; d < D; ++d) kt[size_t(d) * KT + j] = krow_p[d];
+                    if (!wide) V::widen(p.kv_dtype, kbase + at, D, kw.data() + size_t(j) * D);
                     if (!v_in_place)
                         V::widen(p.kv_dtype, vbase + at, D, vt.data() + size_t(j) * Dp);
+                }
+                if (wide) {
+                    transpose_tile<V>(reinterpret_cast<const float*>(kbase) + size_t(j0) * stride +
+                                          size_t(hk) * D,
+                                      stride, nk, D, kt.data(), KT);
+                } else {
+                    transpose_tile<V>(kw.data(), size_t(D), nk, D, kt.data(), KT);
                 }
                 if (!v_in_place) {
                     for (int j = nk; j < KT; ++j) {  // P is 0 there; keep V finite

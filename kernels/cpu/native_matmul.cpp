@@ -19,6 +19,48 @@ void check_matrix(const NativeMatrix& w) {
                  w.row_bytes == native_row_bytes(w.type, w.cols),
              "native weight matrix: bad type " << w.type << " or shape [" << w.rows << ", "
                                                << w.cols << "]");
+    IF_CHECK(w.row_group == 1 || (w.row_group == kRowGroup && row_group_supported(w.type) &&
+                                  w.rows % kRowGroup == 0),
+             "native weight matrix: row groups of " << w.row_group << " for type " << w.type
+                                                    << " and " << w.rows << " rows");
+}
+
+// Row j in fp32, from either layout; `plain` is scratch of row_bytes for a grouped matrix.
+void dequantize_row_any(const QuantKernels& qk, const NativeMatrix& w, int j,
+                        std::vector<uint8_t>& plain, float* out) {
+    const uint8_t* row = w.data + size_t(j) * w.row_bytes;
+    if (w.row_group > 1) {
+        plain.resize(w.row_bytes);
+        gather_grouped_row(w.type, w.data, j, w.cols, plain.data());
+        row = plain.data();
+    }
+    qk.dequantize(w.type, row, out, w.cols);
+}
+
+// The dot path over row groups: each group's 4 rows at once, for every token.
+void dot_path_grouped(const QuantKernels& qk, const float* x, const Q8Block* xq,
+                      const NativeMatrix& w, const float* bias, int n, float* out, bool accumulate,
+                      int threads) {
+    const int64_t k = w.cols;
+    const int64_t nb = k / kQ8BlockElems;
+    const int m = w.rows, n_groups = m / kRowGroup;
+    const size_t group_bytes = size_t(kRowGroup) * w.row_bytes;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int gi = 0; gi < n_groups; ++gi) {
+        const uint8_t* g = w.data + size_t(gi) * group_bytes;
+        const int j0 = gi * kRowGroup;
+        for (int i = 0; i < n; ++i) {
+            float v[kRowGroup];
+            if (xq) {
+                qk.dot_q8_group(w.type, g, xq + i * nb, k, v);
+            } else {
+                qk.dot_f32_group(w.type, g, x + i * k, k, v);
+            }
+            float* o = out + size_t(i) * m + j0;
+            for (int r = 0; r < kRowGroup; ++r)
+                o[r] = (accumulate ? o[r] : 0.0f) + v[r] + (bias ? bias[j0 + r] : 0.0f);
+        }
+    }
 }
 
 void dot_path(const float* x, const NativeMatrix& w, const float* bias, int n, float* out,
@@ -36,6 +78,11 @@ void dot_path(const float* x, const NativeMatrix& w, const float* bias, int n, f
     }
     const int64_t nb = k / kQ8BlockElems;
     const int threads = std::max(1, std::min(n_threads, (m + 63) / 64));
+    if (w.row_group > 1) {
+        dot_path_grouped(qk, x, quantized ? xq.data() : nullptr, w, bias, n, out, accumulate,
+                         threads);
+        return;
+    }
 #pragma omp parallel num_threads(threads)
     {
         std::vector<float> row32(row_to_fp32 ? size_t(k) : 0);
@@ -72,14 +119,13 @@ void tile_path(const float* x, const NativeMatrix& w, const float* bias, int n, 
 #pragma omp parallel num_threads(std::min(n_threads, n_tiles))
     {
         std::vector<float> scratch(size_t(tile) * k);
+        std::vector<uint8_t> plain;
 #pragma omp for schedule(static)
         for (int t = 0; t < n_tiles; ++t) {
             const int m0 = t * tile;
             const int rows = std::min(tile, m - m0);
-            for (int r = 0; r < rows; ++r) {
-                qk.dequantize(w.type, w.data + size_t(m0 + r) * w.row_bytes,
-                              scratch.data() + size_t(r) * k, k);
-            }
+            for (int r = 0; r < rows; ++r)
+                dequantize_row_any(qk, w, m0 + r, plain, scratch.data() + size_t(r) * k);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, rows, k, 1.0f, x, k,
                         scratch.data(), k, beta, out + m0, m);
             if (bias) {
@@ -108,11 +154,11 @@ void native_matmul(const float* x, const NativeMatrix& w, const float* bias, int
 void native_embed(const NativeMatrix& table, const int32_t* ids, int n, float* out) {
     check_matrix(table);
     const QuantKernels& qk = quant_kernels();
+    std::vector<uint8_t> plain;
     for (int i = 0; i < n; ++i) {
         IF_CHECK(ids[i] >= 0 && ids[i] < table.rows,
                  "embed: token id " << ids[i] << " outside [0, " << table.rows << ")");
-        qk.dequantize(table.type, table.data + size_t(ids[i]) * table.row_bytes,
-                      out + size_t(i) * table.cols, table.cols);
+        dequantize_row_any(qk, table, ids[i], plain, out + size_t(i) * table.cols);
     }
 }
 

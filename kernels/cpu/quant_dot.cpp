@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/quant_blocks.h"
 #include "runtime/core/error.h"
@@ -69,6 +70,70 @@ size_t native_row_bytes(uint32_t type, int64_t k) {
     IF_CHECK(k >= 0 && k % be == 0,
              "row of " << k << " elements is not a whole number of " << be << "-element blocks");
     return size_t(k / be) * native_block_bytes(type);
+}
+
+bool row_group_supported(uint32_t type) {
+    return type == ggml_id::q4_0 || type == ggml_id::q4_1 || type == ggml_id::q8_0;
+}
+
+namespace {
+
+// Where row r (0..3) of a row group keeps block b (quant_dot.h): its header at
+// b * 4 * bytes + r * header, its 16-byte code piece c at b * 4 * bytes + 4 * header + 64 * c +
+// 16 * r.
+struct GroupShape {
+    size_t bytes;   // block bytes
+    size_t header;  // header bytes of one row's block
+    int pieces;     // 16-byte code pieces of one row's block
+};
+
+GroupShape group_shape(uint32_t type) {
+    IF_CHECK(row_group_supported(type), "row groups: ggml type " << type << " is not grouped");
+    const size_t bytes = native_block_bytes(type);
+    const size_t header = type == ggml_id::q4_1 ? 4 : 2;
+    return {bytes, header, int((bytes - header) / 16)};
+}
+
+// Copies one row's blocks between the plain layout (`plain`) and its place in a row group
+// (`group`, the group's first byte); to_group picks the direction.
+void move_group_row(const GroupShape& gs, int64_t nb, int r, uint8_t* group, uint8_t* plain,
+                    bool to_group) {
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* gb = group + size_t(b) * kRowGroup * gs.bytes;
+        uint8_t* pb = plain + size_t(b) * gs.bytes;
+        uint8_t* gh = gb + size_t(r) * gs.header;
+        to_group ? std::memcpy(gh, pb, gs.header) : std::memcpy(pb, gh, gs.header);
+        for (int c = 0; c < gs.pieces; ++c) {
+            uint8_t* gp = gb + kRowGroup * gs.header + 64 * size_t(c) + 16 * size_t(r);
+            uint8_t* pp = pb + gs.header + 16 * size_t(c);
+            to_group ? std::memcpy(gp, pp, 16) : std::memcpy(pp, gp, 16);
+        }
+    }
+}
+
+}  // namespace
+
+void interleave_row_groups(uint32_t type, uint8_t* data, int64_t rows, int64_t k) {
+    const GroupShape gs = group_shape(type);
+    IF_CHECK(rows % kRowGroup == 0,
+             "row groups: " << rows << " rows are not a multiple of " << kRowGroup);
+    const size_t rb = native_row_bytes(type, k);
+    std::vector<uint8_t> plain(kRowGroup * rb);
+    for (int64_t g = 0; g < rows / kRowGroup; ++g) {
+        uint8_t* group = data + size_t(g) * kRowGroup * rb;
+        std::memcpy(plain.data(), group, plain.size());
+        for (int r = 0; r < kRowGroup; ++r)
+            move_group_row(gs, k / 32, r, group, plain.data() + size_t(r) * rb, true);
+    }
+}
+
+void gather_grouped_row(uint32_t type, const uint8_t* data, int64_t row, int64_t k,
+                        uint8_t* out) {
+    const GroupShape gs = group_shape(type);
+    const size_t rb = native_row_bytes(type, k);
+    // move_group_row only reads the group when copying out of it.
+    uint8_t* group = const_cast<uint8_t*>(data) + size_t(row / kRowGroup) * kRowGroup * rb;
+    move_group_row(gs, k / 32, int(row % kRowGroup), group, out, false);
 }
 
 const QuantKernels& quant_kernels(CpuIsa isa) {
@@ -334,11 +399,35 @@ void quantize_q8_avx2(const float* x, Q8Block* y, int64_t k) {
     }
 }
 
+// Row groups on the AVX2 path: each row taken back to the plain layout, then the row kernels.
+void dot_q8_group_avx2(uint32_t type, const uint8_t* g, const Q8Block* x, int64_t k, float* out) {
+    thread_local std::vector<uint8_t> row;
+    row.resize(native_row_bytes(type, k));
+    for (int r = 0; r < kRowGroup; ++r) {
+        gather_grouped_row(type, g, r, k, row.data());
+        out[r] = dot_q8_avx2(type, row.data(), x, k);
+    }
+}
+
+void dot_f32_group_avx2(uint32_t type, const uint8_t* g, const float* x, int64_t k, float* out) {
+    thread_local std::vector<uint8_t> row;
+    thread_local std::vector<float> row32;
+    row.resize(native_row_bytes(type, k));
+    row32.resize(size_t(k));
+    for (int r = 0; r < kRowGroup; ++r) {
+        gather_grouped_row(type, g, r, k, row.data());
+        dequantize_avx2(type, row.data(), row32.data(), k);
+        out[r] = dot_float_row<load8_f32, scalar_f32, 4>(
+            reinterpret_cast<const uint8_t*>(row32.data()), x, k);
+    }
+}
+
 }  // namespace
 
 const QuantKernels& quant_kernels_avx2() {
-    static const QuantKernels k{CpuIsa::avx2, quantize_q8_avx2, dot_q8_avx2, dot_f32_avx2,
-                                dequantize_avx2};
+    static const QuantKernels k{CpuIsa::avx2,     quantize_q8_avx2,  dot_q8_avx2,
+                                dot_f32_avx2,     dequantize_avx2,   dot_q8_group_avx2,
+                                dot_f32_group_avx2};
     return k;
 }
 

@@ -42,6 +42,23 @@ size_t native_block_bytes(uint32_t type);   // 0 when unsupported
 // Bytes of a row of k elements (k a multiple of the block size).
 size_t native_row_bytes(uint32_t type, int64_t k);
 
+// Row groups: a matrix of Q4_0, Q4_1 or Q8_0 whose row count is a multiple of kRowGroup may be
+// kept with its rows block-interleaved in groups of kRowGroup (the same bytes, in another order),
+// so that one vector load takes one block of every row of the group and the dot products of the
+// group share the loads of the activations and one horizontal reduction:
+//   group g (rows 4g..4g+3) occupies bytes [4g * row_bytes, (4g + 4) * row_bytes); within it,
+//   block b occupies 4 * block_bytes bytes: the 4 rows' block headers (Q4_0, Q8_0: the fp16 d;
+//   Q4_1: the fp16 d and m), then their codes: Q4_0/Q4_1 the 4 rows' 16 nibble bytes, Q8_0 the
+//   4 rows' codes 0..15, then the 4 rows' codes 16..31.
+constexpr int kRowGroup = 4;
+bool row_group_supported(uint32_t type);
+// Plain rows -> row groups, in place (rows a multiple of kRowGroup, k of the block size).
+void interleave_row_groups(uint32_t type, uint8_t* data /*[rows, row_bytes]*/, int64_t rows,
+                           int64_t k);
+// Row `row` of a row-grouped matrix in the plain layout.
+void gather_grouped_row(uint32_t type, const uint8_t* data, int64_t row, int64_t k,
+                        uint8_t* out /*[row_bytes]*/);
+
 struct QuantKernels {
     CpuIsa isa;
     // x: [k], y: [k / 32]; k a multiple of 32.
@@ -55,6 +72,13 @@ struct QuantKernels {
     // One stored row (any supported type) to fp32.
     void (*dequantize)(uint32_t type, const uint8_t* w /*[row_bytes]*/, float* out /*[k]*/,
                        int64_t k);
+    // The kRowGroup rows of one row group (row_group_supported types) times quantized
+    // activations (out[r] = dot_q8 of row r), and times fp32 activations (the codes widened in
+    // registers; fp32 products and sums).
+    void (*dot_q8_group)(uint32_t type, const uint8_t* g /*[4 * row_bytes]*/,
+                         const Q8Block* x /*[k/32]*/, int64_t k, float* out /*[4]*/);
+    void (*dot_f32_group)(uint32_t type, const uint8_t* g /*[4 * row_bytes]*/,
+                          const float* x /*[k]*/, int64_t k, float* out /*[4]*/);
 };
 
 // The kernels of one path (tests run both); throws when `isa` is avx512 and this CPU lacks it.

@@ -91,6 +91,7 @@ void Model::mm(const float* x, const std::vector<float>& w32, const StoredMatrix
     nm.cols = int(stored.cols);
     nm.row_bytes = stored.row_bytes();
     nm.data = stored.bytes.data();
+    nm.row_group = stored.row_group;
     nm.fp32_activations = fp32_activations;
     backend_.matmul_native(x, nm, bias, n, out, accumulate);
 }
@@ -132,6 +133,7 @@ void Model::embed(const int32_t* ids, int n, float* hidden) {
         nm.cols = int(st.cols);
         nm.row_bytes = st.row_bytes();
         nm.data = st.bytes.data();
+        nm.row_group = st.row_group;
         backend_.embed_native(nm, ids, n, hidden);
         return;
     }
@@ -168,6 +170,7 @@ void Model::qkv(int l, const float* xn, int n, const int32_t* pos, float* q, flo
                 nm.cols = int(f.cols);
                 nm.row_bytes = rb;
                 nm.data = f.bytes.data() + size_t(qd + part * kd) * rb;
+                nm.row_group = f.row_group;  // the loader groups wqkv only where qd, kd allow
                 const float* b = bqkv_[l].empty() ? nullptr : w(bqkv_[l]) + qd + part * kd;
                 backend_.matmul_native(xn, nm, b, n, part == 0 ? k : v, false);
             }

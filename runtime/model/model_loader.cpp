@@ -451,6 +451,28 @@ void fuse_stored_qkv(LayerWeights& L) {
     }
 }
 
+// Every stored matrix the CPU kernels can read in row groups is put in that layout (quant_dot.h).
+// The fused wqkv is read in three row ranges (q, k, v), so each must start on a group.
+void group_stored_rows(ModelWeights& w) {
+    const int qd = w.config.n_head * w.config.head_dim;
+    const int kd = w.config.n_head_kv * w.config.head_dim;
+    auto group = [](StoredMatrix& m, bool allowed) {
+        if (m.empty() || !allowed || !cpu::row_group_supported(m.type) ||
+            m.rows % cpu::kRowGroup != 0)
+            return;
+        cpu::interleave_row_groups(m.type, m.bytes.data(), m.rows, m.cols);
+        m.row_group = cpu::kRowGroup;
+    };
+    group(w.tok_embd_stored, true);
+    group(w.output_stored, true);
+    for (LayerWeights& L : w.layers) {
+        LayerWeights::Stored& s = L.stored;
+        for (StoredMatrix* m : {&s.wq, &s.wk, &s.wv, &s.wo, &s.w_gate, &s.w_up, &s.w_down})
+            group(*m, true);
+        group(s.wqkv, qd % cpu::kRowGroup == 0 && kd % cpu::kRowGroup == 0);
+    }
+}
+
 std::string fingerprint_header(const ModelConfig& c);
 uint64_t fingerprint_tensor(uint64_t h, const std::vector<float>& t, const std::string& hf_name);
 void check_tensor_finite(const std::string& source, const TensorSlot& s,
@@ -500,6 +522,7 @@ ModelWeights load_gguf(const std::string& path, const LoadOptions& opt) {
     }
     if (native) {
         for (LayerWeights& L : w.layers) fuse_stored_qkv(L);
+        group_stored_rows(w);
         w.fingerprint = hex64(h);
     }
     return w;

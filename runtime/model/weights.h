@@ -21,6 +21,8 @@ struct StoredMatrix {
     int64_t rows = 0;
     int64_t cols = 0;
     std::vector<uint8_t> bytes;  // [rows, row_bytes]
+    // 1: plain rows; 4: row groups (kernels/cpu/quant_dot.h), the layout the CPU kernels read.
+    int row_group = 1;
     bool empty() const { return bytes.empty(); }
     size_t row_bytes() const { return rows > 0 ? bytes.size() / size_t(rows) : 0; }
 };

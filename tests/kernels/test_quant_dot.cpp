@@ -14,6 +14,7 @@
 //    |x_i - x^_i| <= d_b / 2 per block b (round to nearest), so |err| <= sum_b (d_b / 2) *
 //    sum_{i in b} |w_i|, plus the fp32 term above.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -214,6 +215,87 @@ TEST_CASE("dot_q8: each quantized type on each CPU path against double dots", "[
     }
 }
 
+TEST_CASE("row groups: interleaving is a permutation of the bytes that gather undoes",
+          "[quant]") {
+    std::mt19937 rng(19);
+    for (const uint32_t type : {ggml_id::q4_0, ggml_id::q4_1, ggml_id::q8_0}) {
+        REQUIRE(row_group_supported(type));
+        for (const int64_t k : lengths(type)) {
+            const int rows = 3 * kRowGroup;
+            const std::vector<uint8_t> plain = random_rows(rng, type, rows, k);
+            std::vector<uint8_t> grouped = plain;
+            interleave_row_groups(type, grouped.data(), rows, k);
+            INFO(type_name(type) << " k=" << k);
+            if (k > 32) CHECK(grouped != plain);  // one block per row: d's alone move
+            std::vector<uint8_t> a = plain, b = grouped;
+            std::sort(a.begin(), a.end());
+            std::sort(b.begin(), b.end());
+            CHECK(a == b);
+            const size_t rb = native_row_bytes(type, k);
+            std::vector<uint8_t> row(rb);
+            for (int r = 0; r < rows; ++r) {
+                gather_grouped_row(type, grouped.data(), r, k, row.data());
+                REQUIRE(std::memcmp(row.data(), plain.data() + rb * size_t(r), rb) == 0);
+            }
+        }
+    }
+    for (const uint32_t type : {ggml_id::q5_0, ggml_id::q6_k, ggml_id::f16})
+        CHECK_FALSE(row_group_supported(type));
+    std::vector<uint8_t> odd = random_rows(rng, ggml_id::q4_1, 6, 64);
+    CHECK_THROWS_WITH(interleave_row_groups(ggml_id::q4_1, odd.data(), 6, 64),
+                      Catch::Contains("6 rows are not a multiple of 4"));
+}
+
+TEST_CASE("dot_q8_group and dot_f32_group: each grouped type on each CPU path against the rows",
+          "[quant]") {
+    std::mt19937 rng(23);
+    for (const CpuIsa isa : isas()) {
+        const QuantKernels& qk = quant_kernels(isa);
+        for (const uint32_t type : {ggml_id::q4_0, ggml_id::q4_1, ggml_id::q8_0}) {
+            for (const int64_t k : lengths(type)) {
+                const std::vector<uint8_t> plain = random_rows(rng, type, kRowGroup, k);
+                std::vector<uint8_t> grouped = plain;
+                interleave_row_groups(type, grouped.data(), kRowGroup, k);
+                const size_t rb = native_row_bytes(type, k);
+                const std::vector<float> x = random_floats(rng, size_t(k), 1.0f);
+                std::vector<Q8Block> xq(size_t(k / 32));
+                qk.quantize_q8(x.data(), xq.data(), k);
+                float got_q8[kRowGroup], got_f32[kRowGroup];
+                qk.dot_q8_group(type, grouped.data(), xq.data(), k, got_q8);
+                qk.dot_f32_group(type, grouped.data(), x.data(), k, got_f32);
+                for (int r = 0; r < kRowGroup; ++r) {
+                    const std::vector<float> wf = ref_dequant(type, plain.data() + rb * r, k);
+                    // Against double dots on x^ (quantized) and on x (fp32), with the fp32
+                    // rounding bound of test "dot_q8" (S covers the offset/minimum terms).
+                    double ref_hat = 0.0, ref_x = 0.0, s_hat = 0.0, s_x = 0.0, wmax = 0.0;
+                    double sum_xhat = 0.0, sum_x = 0.0;
+                    for (int64_t b = 0; b < k / 32; ++b) {
+                        for (int i = 0; i < 32; ++i) {
+                            const size_t j = size_t(32 * b + i);
+                            const double xh = double(xq[size_t(b)].d) * xq[size_t(b)].qs[i];
+                            ref_hat += double(wf[j]) * xh;
+                            ref_x += double(wf[j]) * x[j];
+                            s_hat += std::fabs(wf[j] * xh);
+                            s_x += std::fabs(double(wf[j]) * x[j]);
+                            sum_xhat += std::fabs(xh);
+                            sum_x += std::fabs(x[j]);
+                            wmax = std::max(wmax, double(std::fabs(wf[j])));
+                        }
+                    }
+                    INFO(cpu_isa_name(isa) << " " << type_name(type) << " k=" << k << " row " << r
+                                           << ": q8 " << got_q8[r] << " vs " << ref_hat
+                                           << ", f32 " << got_f32[r] << " vs " << ref_x);
+                    CHECK(std::fabs(got_q8[r] - ref_hat) <= 1e-5 * (s_hat + wmax * sum_xhat));
+                    CHECK(std::fabs(got_f32[r] - ref_x) <= 1e-5 * (s_x + wmax * sum_x));
+                    // The row kernel on the plain row: the same value up to fp32 reordering.
+                    const double row_q8 = qk.dot_q8(type, plain.data() + rb * r, xq.data(), k);
+                    CHECK(std::fabs(got_q8[r] - row_q8) <= 2e-5 * (s_hat + wmax * sum_xhat));
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("dot_f32: F32, F16 and BF16 rows on each CPU path against double dots", "[quant]") {
     std::mt19937 rng(5);
     for (const CpuIsa isa : isas()) {
@@ -247,6 +329,8 @@ TEST_CASE("native_matmul: dot and dequantized-tile paths on each CPU path vs dou
             // m: not a multiple of the 16-row tile rounding; n: both sides of the dot threshold.
             for (const int m : {37, 300}) {
                 for (const int n : {1, 3, kNativeDotMaxTokens, kNativeDotMaxTokens + 1, 70}) {
+                  // fp32 activations (the LM head's products): no 8-bit rounding of x.
+                  for (const bool fa : {false, true}) {
                     const std::vector<uint8_t> w = random_rows(rng, type, m, k);
                     const size_t rb = native_row_bytes(type, k);
                     std::vector<float> wf(size_t(m) * k);
@@ -255,16 +339,27 @@ TEST_CASE("native_matmul: dot and dequantized-tile paths on each CPU path vs dou
                     const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
                     const std::vector<float> bias = random_floats(rng, size_t(m), 1.0f);
                     const std::vector<float> prev = random_floats(rng, size_t(n) * m, 1.0f);
+                    // The same matrix in row groups, where its type and row count allow.
+                    const bool grouped = row_group_supported(type) && m % kRowGroup == 0;
+                    std::vector<uint8_t> wg = w;
+                    if (grouped) interleave_row_groups(type, wg.data(), m, k);
                     NativeMatrix nm;
                     nm.type = type;
                     nm.rows = m;
                     nm.cols = k;
                     nm.row_bytes = rb;
                     nm.data = w.data();
+                    nm.fp32_activations = fa;
                     std::vector<float> out = prev;
                     be->matmul_native(x.data(), nm, bias.data(), n, out.data(), true);
+                    std::vector<float> out_g = prev;
+                    if (grouped) {
+                        nm.data = wg.data();
+                        nm.row_group = kRowGroup;
+                        be->matmul_native(x.data(), nm, bias.data(), n, out_g.data(), true);
+                    }
                     // The dot path quantizes x (bound of test "dot_q8"); the tile path is fp32.
-                    const bool q8 = n <= kNativeDotMaxTokens && native_type_quantized(type);
+                    const bool q8 = n <= kNativeDotMaxTokens && native_type_quantized(type) && !fa;
                     double worst = 0.0;
                     for (int i = 0; i < n; ++i) {
                         const float* xi = x.data() + size_t(i) * k;
@@ -283,11 +378,18 @@ TEST_CASE("native_matmul: dot and dequantized-tile paths on each CPU path vs dou
                                                1e-5 * (s * xmax + 2.0);
                             const double err = std::fabs(out[size_t(i) * m + j] - want);
                             worst = std::max(worst, err / tol);
+                            if (grouped) {
+                                const double eg = std::fabs(out_g[size_t(i) * m + j] - want);
+                                worst = std::max(worst, eg / tol);
+                            }
                         }
                     }
                     INFO(cpu_isa_name(isa) << " " << type_name(type) << " m=" << m << " n=" << n
-                                           << " k=" << k << " worst err/tol " << worst);
+                                           << " k=" << k << (grouped ? " (and row groups)" : "")
+                                           << (fa ? " fp32 activations" : "") << " worst err/tol "
+                                           << worst);
                     CHECK(worst <= 1.0);
+                  }
                 }
             }
         }
@@ -317,6 +419,19 @@ TEST_CASE("native_embed: rows of a stored table as the reference dequantizes the
         }
         const int32_t bad = rows;
         CHECK_THROWS_WITH(native_embed(nm, &bad, 1, out.data()), Catch::Contains("token id 50"));
+        // The same table in row groups (48 of its rows: a whole number of groups).
+        std::vector<uint8_t> tg(t.begin(), t.begin() + 48 * rb);
+        interleave_row_groups(ggml_id::q8_0, tg.data(), 48, k);
+        nm.rows = 48;
+        nm.data = tg.data();
+        nm.row_group = kRowGroup;
+        const std::vector<int32_t> gids = {0, 47, 5, 6, 7};
+        std::vector<float> gout(gids.size() * k);
+        native_embed(nm, gids.data(), int(gids.size()), gout.data());
+        for (size_t i = 0; i < gids.size(); ++i) {
+            const std::vector<float> ref = ref_dequant(ggml_id::q8_0, t.data() + rb * gids[i], k);
+            for (int c = 0; c < k; ++c) REQUIRE(gout[i * k + c] == ref[size_t(c)]);
+        }
     }
     set_cpu_isa_override("auto");
 }

@@ -51,9 +51,14 @@ const ModelWeights& native_weights() {
 
 std::vector<float> dequant_rows(const StoredMatrix& m, int64_t r0, int64_t n) {
     std::vector<float> out(size_t(n * m.cols));
+    std::vector<uint8_t> plain(m.row_bytes());
     for (int64_t r = 0; r < n; ++r) {
-        dequantize_row(m.type, m.bytes.data() + size_t(r0 + r) * m.row_bytes(),
-                       out.data() + size_t(r * m.cols), m.cols);
+        const uint8_t* row = m.bytes.data() + size_t(r0 + r) * m.row_bytes();
+        if (m.row_group > 1) {  // the loader's row groups, taken back to plain rows
+            cpu::gather_grouped_row(m.type, m.bytes.data(), r0 + r, m.cols, plain.data());
+            row = plain.data();
+        }
+        dequantize_row(m.type, row, out.data() + size_t(r * m.cols), m.cols);
     }
     return out;
 }
