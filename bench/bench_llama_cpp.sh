@@ -10,9 +10,12 @@
 # distribution; nothing of it is committed). Prints a table (median and min..max over the
 # rounds, ratio ours / peer) and one JSON line per cell; --out also writes them to a file.
 #
+# Both engines keep their KV cache in the same type, `--kv` (f16 by default: llama.cpp's own
+# default; ours: model.kv_dtype, bench_prefill --kv-dtype; f32 is our exact reference).
+#
 #   bench/bench_llama_cpp.sh [--build DIR] [--model PATH] [--threads 1,2] [--rounds 3]
-#                            [--ctx 360] [--gen 64] [--lengths 512,2048,4096] [--no-prefill]
-#                            [--no-decode] [--out FILE]
+#                            [--ctx 360] [--gen 64] [--lengths 512,2048,4096] [--kv f16|f32]
+#                            [--no-prefill] [--no-decode] [--out FILE]
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +28,7 @@ gen=64
 lengths=512,2048,4096
 do_prefill=1
 do_decode=1
+kv=f16
 out=
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -35,12 +39,14 @@ while [[ $# -gt 0 ]]; do
         --ctx) ctx=$2; shift 2 ;;
         --gen) gen=$2; shift 2 ;;
         --lengths) lengths=$2; shift 2 ;;
+        --kv) kv=$2; shift 2 ;;
         --no-prefill) do_prefill=0; shift ;;
         --no-decode) do_decode=0; shift ;;
         --out) out=$2; shift 2 ;;
         *) echo "bench_llama_cpp.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
+[[ $kv == f16 || $kv == f32 ]] || { echo "bench_llama_cpp.sh: --kv must be f16 or f32" >&2; exit 2; }
 ours=$build/bench_prefill
 [[ -x $ours ]] || { echo "bench_llama_cpp.sh: $ours not built" >&2; exit 1; }
 [[ -f $model ]] || { echo "bench_llama_cpp.sh: model $model missing (launch/setup.sh)" >&2; exit 1; }
@@ -65,11 +71,12 @@ for ((r = 1; r <= rounds; r++)); do
     for t in "${tlist[@]}"; do
         if [[ $do_decode == 1 ]]; then
             v=$("$ours" --model "$model" --decode "$ctx" --gen "$gen" --threads "$t" --runs 1 \
-                --warmup 1 | python3 -c 'import sys,json
+                --warmup 1 --kv-dtype "$kv" | python3 -c 'import sys,json
 for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["tokens_per_s"])')
             echo "decode $ctx $t ours native $v" >> "$raw"
             v=$("$peer/llama-bench" -m "$model" -p 0 -n "$gen" -d "$ctx" -t "$t" -r 1 -o jsonl \
+                -ctk "$kv" -ctv "$kv" \
                 2>/dev/null | python3 -c 'import sys,json
 for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["avg_ts"])')
@@ -79,7 +86,7 @@ for l in sys.stdin:
         if [[ $do_prefill == 1 ]]; then
             for n in "${nlist[@]}"; do
                 v=$("$ours" --model "$model" --lengths "$n" --threads "$t" --runs 1 --warmup 1 \
-                    --no-ops | python3 -c 'import sys,json
+                    --no-ops --kv-dtype "$kv" | python3 -c 'import sys,json
 for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["tokens_per_s"])')
                 echo "prefill $n $t ours native $v" >> "$raw"
@@ -87,6 +94,7 @@ for l in sys.stdin:
                     m=$model
                     [[ $variant == f16 ]] && m=$f16
                     v=$("$peer/llama-bench" -m "$m" -p "$n" -n 0 -fa 1 -t "$t" -r 1 -o jsonl \
+                        -ctk "$kv" -ctv "$kv" \
                         2>/dev/null | python3 -c 'import sys,json
 for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["avg_ts"])')
@@ -98,17 +106,18 @@ for l in sys.stdin:
     done
 done
 
-python3 - "$raw" "$rounds" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)" \
+python3 - "$raw" "$rounds" "$kv" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)" \
     "$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_vnni|avx512_bf16)$' | xargs)" \
     <<'PY' | tee ${out:+"$out"}
 import json, statistics, sys
 from collections import defaultdict
-raw, rounds, cpu, flags = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+raw, rounds, kv, cpu, flags = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 cells = defaultdict(list)
 for line in open(raw):
     kind, n, t, who, variant, v = line.split()
     cells[(kind, int(n), int(t), who, variant)].append(float(v))
-print(f"CPU: {cpu} ({flags}); {rounds} interleaved rounds; tokens/s median [min..max]")
+print(f"CPU: {cpu} ({flags}); {rounds} interleaved rounds; KV cache {kv} in both; "
+      "tokens/s median [min..max]")
 print(f"{'kind':8} {'tokens':>6} {'thr':>3} {'ours native':>22} {'llama.cpp':>22} {'variant':>9} {'ratio':>6}")
 lines = []
 keys = sorted({(k, n, t) for (k, n, t, _, _) in cells})
@@ -121,7 +130,7 @@ for kind, n, t in keys:
     om = statistics.median(o)
     # The peer's best variant is the bar.
     best = max(peers, key=lambda v: statistics.median(peers[v]))
-    for v, x in sorted(peers.items(), key=lambda kv: kv[0] != best):
+    for v, x in sorted(peers.items(), key=lambda item: item[0] != best):
         pm = statistics.median(x)
         mark = "*" if v == best else " "
         print(f"{kind:8} {n:6d} {t:3d} {om:9.1f} [{min(o):6.1f}..{max(o):6.1f}] "
@@ -130,7 +139,7 @@ for kind, n, t in keys:
                       "ours_tokens_per_s": round(om, 2), "ours_min": min(o), "ours_max": max(o),
                       "peer": "llama.cpp", "peer_variant": v, "peer_best": v == best,
                       "peer_tokens_per_s": round(pm, 2), "peer_min": min(x), "peer_max": max(x),
-                      "ratio": round(om / pm, 3), "rounds": len(o)})
+                      "ratio": round(om / pm, 3), "rounds": len(o), "kv_dtype": kv})
 print("(* = llama.cpp's fastest variant for the cell, the one the ratio target refers to)")
 for l in lines:
     print(json.dumps(l, separators=(",", ":")))

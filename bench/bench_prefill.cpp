@@ -6,7 +6,9 @@
 //
 // Usage: bench_prefill [--model PATH|random:smollm2-135m] [--lengths 512,2048,4096]
 //                      [--threads 1,2] [--runs 3] [--warmup 1] [--weights native|f32]
-//                      [--decode CTX [--gen 64]] [--no-ops]
+//                      [--decode CTX [--gen 64]] [--kv-dtype f32|f16|bf16] [--no-ops]
+// --kv-dtype: the KV cache's storage type (model.kv_dtype; f32 default, llama.cpp's default is
+// f16).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
     int runs = 3, warmup = 1;
     std::string weights_mode = "native";
     int decode_ctx = 0, gen = 64;
+    std::string kv_name = "f32";
     bool ops = true;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -79,19 +82,26 @@ int main(int argc, char** argv) {
             decode_ctx = std::stoi(next());
         else if (a == "--gen")
             gen = std::stoi(next());
+        else if (a == "--kv-dtype")
+            kv_name = next();
         else if (a == "--no-ops")
             ops = false;
         else {
             std::fprintf(stderr,
                          "usage: bench_prefill [--model PATH] [--lengths a,b] "
                          "[--threads a,b] [--runs N] [--warmup N] [--weights native|f32] "
-                         "[--decode CTX [--gen N]] [--no-ops]\n");
+                         "[--decode CTX [--gen N]] [--kv-dtype f32|f16|bf16] [--no-ops]\n");
             return 2;
         }
     }
     try {
         IF_CHECK(weights_mode == "native" || weights_mode == "f32",
                  "--weights must be native or f32, not '" << weights_mode << "'");
+        IF_CHECK(kv_name == "f32" || kv_name == "f16" || kv_name == "bf16",
+                 "--kv-dtype must be f32, f16 or bf16, not '" << kv_name << "'");
+        const KvDtype kv = kv_name == "f16"    ? KvDtype::f16
+                           : kv_name == "bf16" ? KvDtype::bf16
+                                               : KvDtype::f32;
         LoadOptions lo;
         lo.native_weights = weights_mode == "native";
         const ModelWeights weights = load_model_weights(model_path, lo);
@@ -100,6 +110,7 @@ int main(int argc, char** argv) {
         const ModelConfig& c = weights.config;
         auto backend = make_cpu_backend(1);
         Model model(*backend, weights);
+        model.set_kv_dtype(kv);
         std::mt19937 rng(1234);
         if (decode_ctx > 0) {
             IF_CHECK(decode_ctx + gen <= c.n_ctx_train, "--decode + --gen exceed the positions");
@@ -134,19 +145,19 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "  decode threads=%d: %.1f tokens/s\n", t, drows.back().med);
             }
             std::printf(
-                "CPU decode throughput, %s (%s weights, cpu %s), %d steps after %d "
+                "CPU decode throughput, %s (%s weights, %s KV cache, cpu %s), %d steps after %d "
                 "context tokens\n",
-                model_path.c_str(), wlabel.c_str(), isa.c_str(), gen, decode_ctx);
+                model_path.c_str(), wlabel.c_str(), kv_name.c_str(), isa.c_str(), gen, decode_ctx);
             std::printf("%8s %12s %12s %12s\n", "threads", "tokens/s", "min", "max");
             for (const DRow& r : drows)
                 std::printf("%8d %12.1f %12.1f %12.1f\n", r.threads, r.med, r.lo, r.hi);
             for (const DRow& r : drows) {
                 std::printf(
-                    "{\"bench\":\"decode\",\"model\":\"%s\",\"weights\":\"%s\",\"isa\":\"%s\","
-                    "\"context\":%d,\"gen\":%d,\"threads\":%d,\"runs\":%d,"
+                    "{\"bench\":\"decode\",\"model\":\"%s\",\"weights\":\"%s\",\"kv_dtype\":\"%s\","
+                    "\"isa\":\"%s\",\"context\":%d,\"gen\":%d,\"threads\":%d,\"runs\":%d,"
                     "\"tokens_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f}\n",
-                    model_path.c_str(), wlabel.c_str(), isa.c_str(), decode_ctx, gen, r.threads,
-                    runs, r.med, r.lo, r.hi);
+                    model_path.c_str(), wlabel.c_str(), kv_name.c_str(), isa.c_str(), decode_ctx,
+                    gen, r.threads, runs, r.med, r.lo, r.hi);
             }
             return 0;
         }

@@ -55,6 +55,18 @@ struct Avx2 {
     static void widen(KvDtype t, const void* src, int n, float* dst) {
         detail::widen_row_avx2(t, src, n, dst);
     }
+    // Lane j of the result = the sum of t[j]'s 8 lanes: pairs, quadruples, then the halves.
+    static F reduce_lanes(const F* t) {
+        F a[4], b[2];
+        for (int i = 0; i < 4; ++i)
+            a[i] = _mm256_add_ps(_mm256_unpacklo_ps(t[2 * i], t[2 * i + 1]),
+                                 _mm256_unpackhi_ps(t[2 * i], t[2 * i + 1]));
+        for (int i = 0; i < 2; ++i)
+            b[i] = _mm256_add_ps(_mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44),
+                                 _mm256_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+        return _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20),
+                             _mm256_permute2f128_ps(b[0], b[1], 0x31));
+    }
     // dst[c * dst_stride + j] = src[j * stride + c], j < n (<= 8; rows past n are zeros), c < 8:
     // the 8 x 8 transpose in registers (pairs, then 4 x 4 blocks, then 128-bit halves).
     static void transpose(const float* src, size_t stride, int n, float* dst, size_t dst_stride) {

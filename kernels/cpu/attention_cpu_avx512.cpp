@@ -71,6 +71,24 @@ struct Avx512 {
     static void widen(KvDtype t, const void* src, int n, float* dst) {
         detail::widen_row_avx512(t, src, n, dst);
     }
+    // Lane j of the result = the sum of t[j]'s 16 lanes: pairs, then quadruples, then 128-bit
+    // blocks added while they are interleaved into key order.
+    static F reduce_lanes(const F* t) {
+        F a[8], b[4];
+        for (int i = 0; i < 8; ++i)
+            a[i] = _mm512_add_ps(_mm512_unpacklo_ps(t[2 * i], t[2 * i + 1]),
+                                 _mm512_unpackhi_ps(t[2 * i], t[2 * i + 1]));
+        // b[i], 128-bit block L: block L's sums of t[4i..4i+3].
+        for (int i = 0; i < 4; ++i)
+            b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44),
+                                 _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+        const F d01 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
+                                    _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+        const F d23 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88),
+                                    _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+        return _mm512_add_ps(_mm512_shuffle_f32x4(d01, d23, 0x88),
+                             _mm512_shuffle_f32x4(d01, d23, 0xDD));
+    }
     // dst[c * dst_stride + j] = src[j * stride + c], j < n (<= 16; rows past n are zeros),
     // c < 16: the 16 x 16 transpose in registers (pairs, then 4 x 4 blocks, then 128-bit lanes).
     static void transpose(const float* src, size_t stride, int n, float* dst, size_t dst_stride) {

@@ -40,6 +40,209 @@ void transpose_tile(const float* src, size_t rstride, int nk, int D, float* kt, 
     }
 }
 
+// ---- few query rows (decode) ----
+// With n_q * g <= kFewRows (one decoded token, or a handful) a tile's K is not worth transposing
+// for so few rows: each row's scores of L keys are L dot products over the cache rows, summed
+// across lanes by V::reduce_lanes. The keys are split into fixed segments of kSegmentKeys, one
+// task per (kv head, segment), merged at the end by their maxima and normalizers, so that the
+// threads share the work of a single token and the result does not depend on the thread count.
+constexpr int kFewRows = 16;
+constexpr int kSegmentKeys = 256;
+
+template <class V>
+void attention_few(const AttnParams& p, int n_threads) {
+    using F = typename V::F;
+    constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB, DV = V::DV;
+    static_assert(kSegmentKeys % KT == 0, "segments are whole key tiles");
+    const int D = p.head_dim, H = p.n_head, Hkv = p.n_head_kv, g = H / Hkv;
+    const bool wide = p.kv_dtype == KvDtype::f32;
+    const size_t stride = size_t(p.kv_stride > 0 ? p.kv_stride : Hkv * D);
+    const size_t esize = kv_dtype_size(p.kv_dtype);
+    const char* kbase =
+        wide ? reinterpret_cast<const char*>(p.k) : reinterpret_cast<const char*>(p.k16);
+    const char* vbase =
+        wide ? reinterpret_cast<const char*>(p.v) : reinterpret_cast<const char*>(p.v16);
+    const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(D));
+    const int n_q = p.n_q, n_kv = p.n_kv;
+    const bool groups = p.k_group != nullptr;
+    const int Dp = round_up(D, L * DV);
+    const bool in_place = wide && Dp == D;  // K and V read straight from the cache rows
+    const int rows = n_q * g, rows_p = round_up(rows, RB);
+    const int n_seg = std::max(1, (n_kv + kSegmentKeys - 1) / kSegmentKeys);
+    const int n_tasks = Hkv * n_seg;
+
+    // Row r = t * g + gi <-> token t, query head hk * g + gi (the same for every kv head hk);
+    // padding rows see no key.
+    std::vector<int32_t> rpos(rows_p, INT32_MIN), rgrp(rows_p, 0);
+    int32_t max_qpos = INT32_MIN;
+    for (int r = 0; r < rows; ++r) {
+        rpos[r] = p.q_pos[r / g];
+        rgrp[r] = groups ? p.q_group[r / g] : 0;
+        max_qpos = std::max(max_qpos, rpos[r]);
+    }
+    // Each task's running maximum, normalizer and unnormalized output per row.
+    std::vector<float> pm(size_t(n_tasks) * rows_p, -INFINITY);
+    std::vector<double> pl(size_t(n_tasks) * rows_p, 0.0);
+    std::vector<float> po(size_t(n_tasks) * rows_p * Dp, 0.0f);
+
+#pragma omp parallel num_threads(std::min(n_threads, n_tasks)) if (n_threads > 1 && n_tasks > 1)
+    {
+        std::vector<float> qb(size_t(rows_p) * Dp, 0.0f), pt(size_t(rows_p) * KT);
+        std::vector<float> kw(in_place ? 0 : size_t(KT) * Dp, 0.0f);
+        std::vector<float> vw(in_place ? 0 : size_t(KT) * Dp, 0.0f);
+        std::vector<float> alpha(rows_p);
+        alignas(64) int32_t kpos[KT];
+        alignas(64) int32_t kgrp[KT];
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < n_tasks; ++task) {
+            const int hk = task / n_seg, seg = task % n_seg;
+            for (int r = 0; r < rows; ++r) {
+                const float* src = p.q + (size_t(r / g) * H + hk * g + r % g) * D;
+                float* dst = qb.data() + size_t(r) * Dp;
+                for (int d = 0; d < D; ++d) dst[d] = src[d] * scale;
+            }
+            float* m = pm.data() + size_t(task) * rows_p;
+            double* l = pl.data() + size_t(task) * rows_p;
+            float* ob = po.data() + size_t(task) * rows_p * Dp;
+            const int a = seg * kSegmentKeys, b = std::min(n_kv, a + kSegmentKeys);
+            for (int j0 = a; j0 < b; j0 += KT) {
+                const int nk = std::min(KT, b - j0);
+                int32_t tmin = INT32_MAX, tmax = INT32_MIN;
+                for (int j = 0; j < KT; ++j) {
+                    kpos[j] = j < nk ? p.k_pos[j0 + j] : INT32_MAX;
+                    kgrp[j] = j < nk && groups ? p.k_group[j0 + j] : -1;
+                    if (j < nk) {
+                        tmin = std::min(tmin, kpos[j]);
+                        tmax = std::max(tmax, kpos[j]);
+                    }
+                }
+                if (tmin > max_qpos) continue;  // every key after every query
+                if (!in_place) {
+                    for (int j = 0; j < nk; ++j) {
+                        const size_t at = ((size_t(j0) + j) * stride + size_t(hk) * D) * esize;
+                        V::widen(p.kv_dtype, kbase + at, D, kw.data() + size_t(j) * Dp);
+                        V::widen(p.kv_dtype, vbase + at, D, vw.data() + size_t(j) * Dp);
+                    }
+                }
+                const float* k0 = in_place ? reinterpret_cast<const float*>(kbase) +
+                                                 size_t(j0) * stride + size_t(hk) * D
+                                           : kw.data();
+                const float* v0 = in_place ? reinterpret_cast<const float*>(vbase) +
+                                                 size_t(j0) * stride + size_t(hk) * D
+                                           : vw.data();
+                const size_t step = in_place ? stride : size_t(Dp);
+                const bool plain = !groups && nk == KT;
+                for (int r = 0; r < rows_p; ++r) {
+                    float* prow = pt.data() + size_t(r) * KT;
+                    alpha[r] = 1.0f;
+                    if (rpos[r] < tmin) {  // nothing visible (and padding rows)
+                        std::fill(prow, prow + KT, 0.0f);
+                        continue;
+                    }
+                    const float* qr = qb.data() + size_t(r) * Dp;
+                    F sc[NV];
+                    for (int v = 0; v < NV; ++v) {
+                        F t[L];
+#pragma GCC unroll 16
+                        for (int jj = 0; jj < L; ++jj) {
+                            const int j = v * L + jj;
+                            F acc = V::zero();
+                            if (j < nk) {
+                                const float* kr = k0 + size_t(j) * step;
+                                for (int c = 0; c < Dp; c += L)
+                                    acc = V::fmadd(V::load(qr + c), V::load(kr + c), acc);
+                            }
+                            t[jj] = acc;
+                        }
+                        sc[v] = V::reduce_lanes(t);
+                        if (!(plain && tmax <= rpos[r]))
+                            sc[v] = V::mask(sc[v], kpos + v * L, kgrp + v * L, rpos[r], rgrp[r],
+                                            groups);
+                    }
+                    F mx = sc[0];
+                    for (int v = 1; v < NV; ++v) mx = V::max(mx, sc[v]);
+                    const float tm = V::hmax(mx);
+                    if (tm == -INFINITY) {
+                        std::fill(prow, prow + KT, 0.0f);
+                        continue;
+                    }
+                    const float m_new = std::max(m[r], tm);
+                    const F mv = V::set1(m_new);
+                    F sum = V::zero();
+                    for (int v = 0; v < NV; ++v) {
+                        const F e = V::exp(V::sub(sc[v], mv));
+                        V::store(prow + v * L, e);
+                        sum = V::add(sum, e);
+                    }
+                    alpha[r] = std::exp(m[r] - m_new);
+                    l[r] = l[r] * alpha[r] + double(V::hsum(sum));
+                    m[r] = m_new;
+                }
+                // o = alpha * o + P V, RB rows and DV output vectors at a time.
+                for (int r0 = 0; r0 < rows_p; r0 += RB) {
+                    for (int dc = 0; dc < Dp; dc += DV * L) {
+                        F o[RB][DV];
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; ++r) {
+                            const F al = V::set1(alpha[r0 + r]);
+#pragma GCC unroll 16
+                            for (int v = 0; v < DV; ++v)
+                                o[r][v] = V::mul(
+                                    al, V::load(ob + size_t(r0 + r) * Dp + dc + v * L));
+                        }
+                        for (int j = 0; j < nk; ++j) {
+                            const float* vj = v0 + size_t(j) * step + dc;
+                            F vv[DV];
+#pragma GCC unroll 16
+                            for (int v = 0; v < DV; ++v) vv[v] = V::load(vj + v * L);
+#pragma GCC unroll 16
+                            for (int r = 0; r < RB; ++r) {
+                                const F pj = V::set1(pt[size_t(r0 + r) * KT + j]);
+#pragma GCC unroll 16
+                                for (int v = 0; v < DV; ++v) o[r][v] = V::fmadd(pj, vv[v], o[r][v]);
+                            }
+                        }
+#pragma GCC unroll 16
+                        for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
+                            for (int v = 0; v < DV; ++v)
+                                V::store(ob + size_t(r0 + r) * Dp + dc + v * L, o[r][v]);
+                    }
+                }
+            }
+        }
+    }
+
+    // Merge the segments of each (row, kv head) in segment order.
+    for (int hk = 0; hk < Hkv; ++hk) {
+        for (int r = 0; r < rows; ++r) {
+            const int t = r / g, h = hk * g + r % g;
+            float mmax = -INFINITY;
+            for (int s = 0; s < n_seg; ++s)
+                mmax = std::max(mmax, pm[size_t(hk * n_seg + s) * rows_p + r]);
+            float* dst = p.out + (size_t(t) * H + h) * D;
+            if (mmax == -INFINITY) {
+                std::fill(dst, dst + D, 0.0f);
+                if (p.lse) p.lse[size_t(t) * H + h] = -INFINITY;
+                continue;
+            }
+            double lsum = 0.0;
+            std::vector<double> acc(D, 0.0);
+            for (int s = 0; s < n_seg; ++s) {
+                const size_t task = size_t(hk * n_seg + s);
+                const float ms = pm[task * rows_p + r];
+                if (ms == -INFINITY) continue;
+                const double w = std::exp(double(ms) - double(mmax));
+                lsum += pl[task * rows_p + r] * w;
+                const float* o = po.data() + (task * rows_p + r) * Dp;
+                for (int d = 0; d < D; ++d) acc[d] += double(o[d]) * w;
+            }
+            for (int d = 0; d < D; ++d) dst[d] = float(acc[d] / lsum);
+            if (p.lse) p.lse[size_t(t) * H + h] = mmax + float(std::log(lsum));
+        }
+    }
+}
+
 template <class V>
 void attention(const AttnParams& p, int n_threads) {
     using F = typename V::F;
@@ -61,6 +264,7 @@ void attention(const AttnParams& p, int n_threads) {
     if (n_q == 0) return;
     const bool groups = p.k_group != nullptr;
     IF_CHECK(!groups || p.q_group, "attention: k_group given without q_group");
+    if (n_q * g <= kFewRows) return attention_few<V>(p, n_threads);
     const int Dp = round_up(D, L * DV);       // padded head width (zeros), a whole number of blocks
     const bool v_in_place = wide && Dp == D;  // P·V reads the fp32 cache rows directly
 
@@ -74,7 +278,7 @@ void attention(const AttnParams& p, int n_threads) {
     const int n_qblocks = (n_q + kQueryBlock - 1) / kQueryBlock;
     const int n_tasks = n_qblocks * Hkv;
 
-#pragma omp parallel num_threads(n_threads)
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1)
     {
         // Sized for this call's query blocks (decode: one token, g rows).
         const int max_rows = round_up(std::min(kQueryBlock, n_q) * g, RB);

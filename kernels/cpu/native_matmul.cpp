@@ -45,7 +45,7 @@ void dot_path_grouped(const QuantKernels& qk, const float* x, const Q8Block* xq,
     const int64_t nb = k / kQ8BlockElems;
     const int m = w.rows, n_groups = m / kRowGroup;
     const size_t group_bytes = size_t(kRowGroup) * w.row_bytes;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int gi = 0; gi < n_groups; ++gi) {
         const uint8_t* g = w.data + size_t(gi) * group_bytes;
         const int j0 = gi * kRowGroup;
@@ -83,7 +83,7 @@ void dot_path(const float* x, const NativeMatrix& w, const float* bias, int n, f
                          threads);
         return;
     }
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) if (threads > 1)
     {
         std::vector<float> row32(row_to_fp32 ? size_t(k) : 0);
 #pragma omp for schedule(static)
