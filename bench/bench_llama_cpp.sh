@@ -10,8 +10,9 @@
 # distribution; nothing of it is committed). Prints a table (median and min..max over the
 # rounds, ratio ours / peer) and one JSON line per cell; --out also writes them to a file.
 #
-# Both engines keep their KV cache in the same type, `--kv` (f16 by default: llama.cpp's own
-# default; ours: model.kv_dtype, bench_prefill --kv-dtype; f32 is our exact reference).
+# KV cache: llama.cpp keeps f16 (its default; llama-bench takes no f32 cache); ours keeps `--kv`
+# (model.kv_dtype through bench_prefill --kv-dtype): f16 by default, the same type as the peer,
+# or f32, our exact reference.
 #
 #   bench/bench_llama_cpp.sh [--build DIR] [--model PATH] [--threads 1,2] [--rounds 3]
 #                            [--ctx 360] [--gen 64] [--lengths 512,2048,4096] [--kv f16|f32]
@@ -65,7 +66,9 @@ raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
 IFS=, read -r -a tlist <<< "$threads"
 IFS=, read -r -a nlist <<< "$lengths"
-export OMP_WAIT_POLICY=passive
+# Both run with their default thread wait policy: OMP_WAIT_POLICY=passive (launch/mpirun.sh's
+# default for oversubscribed ranks) halves either engine's 2-thread decode, llama.cpp's included.
+unset OMP_WAIT_POLICY
 # One record per measurement: kind n threads who variant tokens_per_s
 for ((r = 1; r <= rounds; r++)); do
     for t in "${tlist[@]}"; do
@@ -76,7 +79,7 @@ for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["tokens_per_s"])')
             echo "decode $ctx $t ours native $v" >> "$raw"
             v=$("$peer/llama-bench" -m "$model" -p 0 -n "$gen" -d "$ctx" -t "$t" -r 1 -o jsonl \
-                -ctk "$kv" -ctv "$kv" \
+                -ctk f16 -ctv f16 \
                 2>/dev/null | python3 -c 'import sys,json
 for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["avg_ts"])')
@@ -94,7 +97,7 @@ for l in sys.stdin:
                     m=$model
                     [[ $variant == f16 ]] && m=$f16
                     v=$("$peer/llama-bench" -m "$m" -p "$n" -n 0 -fa 1 -t "$t" -r 1 -o jsonl \
-                        -ctk "$kv" -ctv "$kv" \
+                        -ctk f16 -ctv f16 \
                         2>/dev/null | python3 -c 'import sys,json
 for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["avg_ts"])')
@@ -116,7 +119,7 @@ cells = defaultdict(list)
 for line in open(raw):
     kind, n, t, who, variant, v = line.split()
     cells[(kind, int(n), int(t), who, variant)].append(float(v))
-print(f"CPU: {cpu} ({flags}); {rounds} interleaved rounds; KV cache {kv} in both; "
+print(f"CPU: {cpu} ({flags}); {rounds} interleaved rounds; KV cache: ours {kv}, llama.cpp f16; "
       "tokens/s median [min..max]")
 print(f"{'kind':8} {'tokens':>6} {'thr':>3} {'ours native':>22} {'llama.cpp':>22} {'variant':>9} {'ratio':>6}")
 lines = []

@@ -64,10 +64,12 @@ const std::map<std::string, std::string>& descriptions() {
          "accumulates in fp32; CPU backend only, the cuda backend says not implemented yet)"},
         {"model.weights",
          "CPU backend, GGUF files: `native` keeps every matrix in the file's stored type "
-         "(Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K/F16/BF16; decode and small batches use fused dot "
-         "products with activations quantized to 8 bits per 32-value block, prefill dequantizes "
-         "one weight tile at a time for an fp32 GEMM); `f32` dequantizes the whole model to fp32 "
-         "at load (the reference). The `cuda` backend always loads `f32` (bf16 on the device)"},
+         "(Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K/F16/BF16; Q4_0/Q4_1/Q8_0 rows block-interleaved in "
+         "groups of 4, the same bytes; decode and small batches use fused dot products with "
+         "activations quantized to 8 bits per 32-value block, the LM head with fp32 "
+         "activations, prefill dequantizes one weight tile at a time for an fp32 GEMM); `f32` "
+         "dequantizes the whole model to fp32 at load (the reference). The `cuda` backend always "
+         "loads `f32` (bf16 on the device)"},
         {"cpu.isa",
          "CPU kernel path: `auto` (AVX-512 with VNNI/BF16 where the CPU has it, else AVX2), "
          "`avx2` or `avx512` (an error on a CPU without AVX-512); the environment variable "
