@@ -40,6 +40,73 @@ void transpose_tile(const float* src, size_t rstride, int nk, int D, float* kt, 
     }
 }
 
+// One row's online-softmax step over a key tile: sc holds the row's NV vectors of masked
+// scores; prow gets exp(sc - m_new), l becomes l * alpha + the row sum, m becomes m_new.
+// Returns alpha = exp(m_old - m_new) (0 for the first visible tile; 1, with a zero prow, when
+// nothing in the tile is visible).
+template <class V>
+inline float softmax_tile(const typename V::F* sc, float* prow, float& m, double& l) {
+    using F = typename V::F;
+    constexpr int L = V::L, NV = V::NV;
+    F mx = sc[0];
+#pragma GCC unroll 16
+    for (int v = 1; v < NV; ++v) mx = V::max(mx, sc[v]);
+    const float tm = V::hmax(mx);
+    if (tm == -INFINITY) {
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) V::store(prow + v * L, V::zero());
+        return 1.0f;
+    }
+    const float m_new = std::max(m, tm);
+    const F mv = V::set1(m_new);
+    F sum = V::zero();
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+        const F e = V::exp(V::sub(sc[v], mv));
+        V::store(prow + v * L, e);
+        sum = V::add(sum, e);
+    }
+    const float alpha = std::exp(m - m_new);
+    l = l * alpha + double(V::hsum(sum));
+    m = m_new;
+    return alpha;
+}
+
+// Output rows r0..r0+RB-1 (ob, Dp floats a row): o = alpha * o + P V over the tile's nk keys,
+// P row r at pt + r * KT, V row j at v0 + j * vstep; DV output vectors at a time.
+template <class V>
+inline void pv_block(float* ob, int Dp, int r0, const float* alpha, const float* pt,
+                     const float* v0, size_t vstep, int nk) {
+    using F = typename V::F;
+    constexpr int L = V::L, KT = V::L * V::NV, RB = V::RB, DV = V::DV;
+    for (int dc = 0; dc < Dp; dc += DV * L) {
+        F o[RB][DV];
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; ++r) {
+            const F a = V::set1(alpha[r0 + r]);
+#pragma GCC unroll 16
+            for (int v = 0; v < DV; ++v)
+                o[r][v] = V::mul(a, V::load(ob + size_t(r0 + r) * Dp + dc + v * L));
+        }
+        for (int j = 0; j < nk; ++j) {
+            const float* vj = v0 + size_t(j) * vstep + dc;
+            F vv[DV];
+#pragma GCC unroll 16
+            for (int v = 0; v < DV; ++v) vv[v] = V::load(vj + v * L);
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; ++r) {
+                const F b = V::set1(pt[size_t(r0 + r) * KT + j]);
+#pragma GCC unroll 16
+                for (int v = 0; v < DV; ++v) o[r][v] = V::fmadd(b, vv[v], o[r][v]);
+            }
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
+            for (int v = 0; v < DV; ++v) V::store(ob + size_t(r0 + r) * Dp + dc + v * L, o[r][v]);
+    }
+}
+
 // ---- few query rows (decode) ----
 // With n_q * g <= kFewRows (one decoded token, or a handful) a tile's K is not worth transposing
 // for so few rows: each row's scores of L keys are L dot products over the cache rows, summed
@@ -159,56 +226,10 @@ void attention_few(const AttnParams& p, int n_threads) {
                             sc[v] = V::mask(sc[v], kpos + v * L, kgrp + v * L, rpos[r], rgrp[r],
                                             groups);
                     }
-                    F mx = sc[0];
-                    for (int v = 1; v < NV; ++v) mx = V::max(mx, sc[v]);
-                    const float tm = V::hmax(mx);
-                    if (tm == -INFINITY) {
-                        std::fill(prow, prow + KT, 0.0f);
-                        continue;
-                    }
-                    const float m_new = std::max(m[r], tm);
-                    const F mv = V::set1(m_new);
-                    F sum = V::zero();
-                    for (int v = 0; v < NV; ++v) {
-                        const F e = V::exp(V::sub(sc[v], mv));
-                        V::store(prow + v * L, e);
-                        sum = V::add(sum, e);
-                    }
-                    alpha[r] = std::exp(m[r] - m_new);
-                    l[r] = l[r] * alpha[r] + double(V::hsum(sum));
-                    m[r] = m_new;
+                    alpha[r] = softmax_tile<V>(sc, prow, m[r], l[r]);
                 }
-                // o = alpha * o + P V, RB rows and DV output vectors at a time.
-                for (int r0 = 0; r0 < rows_p; r0 += RB) {
-                    for (int dc = 0; dc < Dp; dc += DV * L) {
-                        F o[RB][DV];
-#pragma GCC unroll 16
-                        for (int r = 0; r < RB; ++r) {
-                            const F al = V::set1(alpha[r0 + r]);
-#pragma GCC unroll 16
-                            for (int v = 0; v < DV; ++v)
-                                o[r][v] = V::mul(
-                                    al, V::load(ob + size_t(r0 + r) * Dp + dc + v * L));
-                        }
-                        for (int j = 0; j < nk; ++j) {
-                            const float* vj = v0 + size_t(j) * step + dc;
-                            F vv[DV];
-#pragma GCC unroll 16
-                            for (int v = 0; v < DV; ++v) vv[v] = V::load(vj + v * L);
-#pragma GCC unroll 16
-                            for (int r = 0; r < RB; ++r) {
-                                const F pj = V::set1(pt[size_t(r0 + r) * KT + j]);
-#pragma GCC unroll 16
-                                for (int v = 0; v < DV; ++v) o[r][v] = V::fmadd(pj, vv[v], o[r][v]);
-                            }
-                        }
-#pragma GCC unroll 16
-                        for (int r = 0; r < RB; ++r)
-#pragma GCC unroll 16
-                            for (int v = 0; v < DV; ++v)
-                                V::store(ob + size_t(r0 + r) * Dp + dc + v * L, o[r][v]);
-                    }
-                }
+                for (int r0 = 0; r0 < rows_p; r0 += RB)
+                    pv_block<V>(ob, Dp, r0, alpha.data(), pt.data(), v0, step, nk);
             }
         }
     }
@@ -395,58 +416,9 @@ void attention(const AttnParams& p, int n_threads) {
                                 acc[r][v] = V::mask(acc[r][v], kpos + v * L, kgrp + v * L,
                                                     rpos[row], rgrp[row], groups);
                         }
-                        F mx = acc[r][0];
-#pragma GCC unroll 16
-                        for (int v = 1; v < NV; ++v) mx = V::max(mx, acc[r][v]);
-                        const float tm = V::hmax(mx);
-                        if (tm == -INFINITY) {  // nothing visible in this tile
-#pragma GCC unroll 16
-                            for (int v = 0; v < NV; ++v) V::store(prow + v * L, V::zero());
-                            alpha[row] = 1.0f;
-                            continue;
-                        }
-                        const float m_new = std::max(m[row], tm);
-                        const F mv = V::set1(m_new);
-                        F sum = V::zero();
-#pragma GCC unroll 16
-                        for (int v = 0; v < NV; ++v) {
-                            const F e = V::exp(V::sub(acc[r][v], mv));
-                            V::store(prow + v * L, e);
-                            sum = V::add(sum, e);
-                        }
-                        alpha[row] = std::exp(m[row] - m_new);  // 0 for the first visible tile
-                        l[row] = l[row] * alpha[row] + double(V::hsum(sum));
-                        m[row] = m_new;
+                        alpha[row] = softmax_tile<V>(acc[r], prow, m[row], l[row]);
                     }
-                    // o = alpha * o + P V for the RB rows, DV output vectors at a time.
-                    for (int dc = 0; dc < Dp; dc += DV * L) {
-                        F o[RB][DV];
-#pragma GCC unroll 16
-                        for (int r = 0; r < RB; ++r) {
-                            const F a = V::set1(alpha[r0 + r]);
-#pragma GCC unroll 16
-                            for (int v = 0; v < DV; ++v)
-                                o[r][v] = V::mul(
-                                    a, V::load(ob.data() + size_t(r0 + r) * Dp + dc + v * L));
-                        }
-                        for (int j = 0; j < nk; ++j) {
-                            const float* vj = v0 + size_t(j) * vstep + dc;
-                            F vv[DV];
-#pragma GCC unroll 16
-                            for (int v = 0; v < DV; ++v) vv[v] = V::load(vj + v * L);
-#pragma GCC unroll 16
-                            for (int r = 0; r < RB; ++r) {
-                                const F b = V::set1(pt[size_t(r0 + r) * KT + j]);
-#pragma GCC unroll 16
-                                for (int v = 0; v < DV; ++v) o[r][v] = V::fmadd(b, vv[v], o[r][v]);
-                            }
-                        }
-#pragma GCC unroll 16
-                        for (int r = 0; r < RB; ++r)
-#pragma GCC unroll 16
-                            for (int v = 0; v < DV; ++v)
-                                V::store(ob.data() + size_t(r0 + r) * Dp + dc + v * L, o[r][v]);
-                    }
+                    pv_block<V>(ob.data(), Dp, r0, alpha.data(), pt.data(), v0, vstep, nk);
                 }
             }
 
