@@ -5,6 +5,10 @@
 // every query of the block are skipped before any arithmetic, whatever the order of the keys
 // (so a cache of sorted runs, e.g. a shard followed by gathered selected tokens, keeps its
 // causal cut-off). K/V may be fp32, f16 or bf16 (widened per tile); accumulation is fp32.
+// A tile's K is transposed in registers. Calls with at most 16 query rows (decode) take a
+// few-row path instead: scores as dot products over the cache rows, keys split into fixed
+// 256-key segments (one task per kv head and segment, merged by maximum and normalizer), so the
+// threads share one token and the result does not depend on the thread count.
 // Written once over a vector type (attention_cpu_impl.h) and compiled for AVX2
 // (attention_cpu.cpp) and AVX-512 (attention_cpu_avx512.cpp); attention() picks the path of
 // active_cpu_isa() (kernels/cpu/cpu_features.h). Internal to kernels/cpu and its tests.
