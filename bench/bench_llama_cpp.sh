@@ -69,6 +69,7 @@ IFS=, read -r -a nlist <<< "$lengths"
 # Both run with their default thread wait policy: OMP_WAIT_POLICY=passive (launch/mpirun.sh's
 # default for oversubscribed ranks) halves either engine's 2-thread decode, llama.cpp's included.
 unset OMP_WAIT_POLICY
+source "$repo/launch/blas_env.sh"  # OpenBLAS kernels from the CPU flags (prefill)
 # One record per measurement: kind n threads who variant tokens_per_s
 for ((r = 1; r <= rounds; r++)); do
     for t in "${tlist[@]}"; do
