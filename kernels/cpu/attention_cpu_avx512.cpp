@@ -7,6 +7,7 @@
 // GCC 12 reports its own AVX-512 intrinsics (built on _mm512_undefined_*) as maybe-uninitialized
 // once inlined; the warning says nothing about this file.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <cstring>

@@ -107,6 +107,27 @@ inline void pv_block(float* ob, int Dp, int r0, const float* alpha, const float*
     }
 }
 
+// How both paths address the K/V cache: fp32 or 16-bit rows `stride` elements apart, head hk
+// at element hk * head_dim, and the score scale.
+struct KvView {
+    bool wide;      // fp32 rows (p.k, p.v); else 16-bit (p.k16, p.v16)
+    size_t stride;  // elements between consecutive tokens
+    size_t esize;   // bytes per element
+    const char* kbase;
+    const char* vbase;
+    float scale;
+};
+
+inline KvView kv_view(const AttnParams& p) {
+    const bool wide = p.kv_dtype == KvDtype::f32;
+    return {wide,
+            size_t(p.kv_stride > 0 ? p.kv_stride : p.n_head_kv * p.head_dim),
+            kv_dtype_size(p.kv_dtype),
+            wide ? reinterpret_cast<const char*>(p.k) : reinterpret_cast<const char*>(p.k16),
+            wide ? reinterpret_cast<const char*>(p.v) : reinterpret_cast<const char*>(p.v16),
+            p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(p.head_dim))};
+}
+
 // ---- few query rows (decode) ----
 // With n_q * g <= kFewRows (one decoded token, or a handful) a tile's K is not worth transposing
 // for so few rows: each row's scores of L keys are L dot products over the cache rows, summed
@@ -122,14 +143,7 @@ void attention_few(const AttnParams& p, int n_threads) {
     constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB, DV = V::DV;
     static_assert(kSegmentKeys % KT == 0, "segments are whole key tiles");
     const int D = p.head_dim, H = p.n_head, Hkv = p.n_head_kv, g = H / Hkv;
-    const bool wide = p.kv_dtype == KvDtype::f32;
-    const size_t stride = size_t(p.kv_stride > 0 ? p.kv_stride : Hkv * D);
-    const size_t esize = kv_dtype_size(p.kv_dtype);
-    const char* kbase =
-        wide ? reinterpret_cast<const char*>(p.k) : reinterpret_cast<const char*>(p.k16);
-    const char* vbase =
-        wide ? reinterpret_cast<const char*>(p.v) : reinterpret_cast<const char*>(p.v16);
-    const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(D));
+    const auto [wide, stride, esize, kbase, vbase, scale] = kv_view(p);
     const int n_q = p.n_q, n_kv = p.n_kv;
     const bool groups = p.k_group != nullptr;
     const int Dp = round_up(D, L * DV);
@@ -270,17 +284,10 @@ void attention(const AttnParams& p, int n_threads) {
     constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB, DV = V::DV;
     const int D = p.head_dim, H = p.n_head, Hkv = p.n_head_kv;
     IF_CHECK(H > 0 && Hkv > 0 && H % Hkv == 0 && D > 0, "attention: bad head counts");
-    const bool wide = p.kv_dtype == KvDtype::f32;
+    const auto [wide, stride, esize, kbase, vbase, scale] = kv_view(p);
     IF_CHECK(wide ? (p.n_kv == 0 || (p.k && p.v)) : (p.n_kv == 0 || (p.k16 && p.v16)),
              "attention: k/v missing for kv_dtype " << kv_dtype_name(p.kv_dtype));
     const int g = H / Hkv;
-    const size_t stride = size_t(p.kv_stride > 0 ? p.kv_stride : Hkv * D);
-    const size_t esize = kv_dtype_size(p.kv_dtype);
-    const char* kbase =
-        wide ? reinterpret_cast<const char*>(p.k) : reinterpret_cast<const char*>(p.k16);
-    const char* vbase =
-        wide ? reinterpret_cast<const char*>(p.v) : reinterpret_cast<const char*>(p.v16);
-    const float scale = p.scale != 0.0f ? p.scale : 1.0f / std::sqrt(float(D));
     const int n_q = p.n_q, n_kv = p.n_kv;
     if (n_q == 0) return;
     const bool groups = p.k_group != nullptr;
