@@ -143,7 +143,14 @@ void attention_few(const AttnParams& p, int n_threads) {
     constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB, DV = V::DV;
     static_assert(kSegmentKeys % KT == 0, "segments are whole key tiles");
     const int D = p.head_dim, H = p.n_head, Hkv = p.n_head_kv, g = H / Hkv;
-    const auto [wide, stride, esize, kbase, vbase, scale] = kv_view(p);
+    // Plain locals, not a structured binding: C++17 bindings cannot be captured by the
+    // OpenMP regions below (clang rejects it).
+    const KvView kv = kv_view(p);
+    const bool wide = kv.wide;
+    const size_t stride = kv.stride, esize = kv.esize;
+    const char* const kbase = kv.kbase;
+    const char* const vbase = kv.vbase;
+    const float scale = kv.scale;
     const int n_q = p.n_q, n_kv = p.n_kv;
     const bool groups = p.k_group != nullptr;
     const int Dp = round_up(D, L * DV);
@@ -284,7 +291,14 @@ void attention(const AttnParams& p, int n_threads) {
     constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB, DV = V::DV;
     const int D = p.head_dim, H = p.n_head, Hkv = p.n_head_kv;
     IF_CHECK(H > 0 && Hkv > 0 && H % Hkv == 0 && D > 0, "attention: bad head counts");
-    const auto [wide, stride, esize, kbase, vbase, scale] = kv_view(p);
+    // Plain locals, not a structured binding: C++17 bindings cannot be captured by the
+    // OpenMP regions below (clang rejects it).
+    const KvView kv = kv_view(p);
+    const bool wide = kv.wide;
+    const size_t stride = kv.stride, esize = kv.esize;
+    const char* const kbase = kv.kbase;
+    const char* const vbase = kv.vbase;
+    const float scale = kv.scale;
     IF_CHECK(wide ? (p.n_kv == 0 || (p.k && p.v)) : (p.n_kv == 0 || (p.k16 && p.v16)),
              "attention: k/v missing for kv_dtype " << kv_dtype_name(p.kv_dtype));
     const int g = H / Hkv;
