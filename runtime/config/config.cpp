@@ -600,6 +600,7 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("parallel.exchange", par, &C::ParallelSection::exchange));
         f.push_back(
             int_field("parallel.emulate_ranks", par, &C::ParallelSection::emulate_ranks, 0));
+        f.push_back(bool_field("parallel.balance", par, &C::ParallelSection::balance));
         f.push_back(float_field("parallel.timeout_s", par, &C::ParallelSection::timeout_s, 0.001));
         f.push_back(float_field("parallel.startup_timeout_s", par,
                                 &C::ParallelSection::startup_timeout_s, 0.001));

@@ -129,6 +129,7 @@ struct Config {
         Comm comm = Comm::automatic;
         Exchange exchange = Exchange::kv;
         int emulate_ranks = 0;     // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+        bool balance = true;       // "kv": helpers run part of the busiest ranks' recompute
         double timeout_s = 600.0;  // a peer that does not arrive ends the job (§11)
         double startup_timeout_s = 300.0;  // the same until the start-up checks are done
     };

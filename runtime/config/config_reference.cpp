@@ -156,6 +156,12 @@ const std::map<std::string, std::string>& descriptions() {
         {"parallel.exchange",
          "recompute exchange on P ranks: `kv` all-gathers the selected tokens' K/V; `exact` "
          "passes the queries (pass-Q) and reproduces the one-rank result"},
+        {"parallel.balance",
+         "`kv` exchange on P ranks: balance the recompute across ranks; a helper rank runs some "
+         "of the busiest ranks' selected tokens (projections, MLP, attention over chunk 0 and "
+         "the other shards' selected tokens) while their owner adds the attention over its "
+         "shard, merged by LSE; the result is the same `kv` semantics; costs the moved "
+         "queries and partial states in bytes; `false` = every token on its owner"},
         {"parallel.emulate_ranks",
          "on one rank, run the `kv` visibility mask of this many ranks (the oracle of a "
          "P-rank `kv` run); `0` = off; with `bench.emulate_timing`: the number of virtual ranks"},

@@ -44,6 +44,11 @@ struct MethodResult {
     // Peak resident memory of each rank's process up to the answer, MiB ([rank]; -1 where the
     // system does not say; filled by run_request).
     std::vector<double> peak_rss_mib;
+    // The "kv" recompute on P ranks (runtime/parallel/recompute_balance.h): the modelled work
+    // per layer of each rank ([rank], multiply-adds) as planned and as it would be with every
+    // token on its owner, and the tokens run by a helper rank. Empty / 0 elsewhere.
+    std::vector<double> recompute_load, recompute_load_owned;
+    int recompute_moved = 0;
     // Per phase, per rank (filled on rank 0 of a distributed run): [phase][rank].
     std::vector<std::vector<PhaseTime>> phases_per_rank;
 };

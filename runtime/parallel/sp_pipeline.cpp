@@ -63,7 +63,7 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Confi
     if (exact) {
         recompute_exact(model, comm, req, sh, sel, p.cache);
     } else {
-        recompute_kv(model, comm, req, sh, sel, p.cache);
+        recompute_kv(model, comm, req, sh, sel, p.cache, cfg.parallel.balance, &r);
     }
     for (int g : sel.selected) r.selected_positions.push_back(sh.gpos[g]);
     clock.end();

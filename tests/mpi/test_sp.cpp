@@ -5,6 +5,7 @@
 // attention (zigzag, contiguous, all-gather) equals full; byte counts match the formulas.
 // Collectives first, checks after (no REQUIRE between collectives: a rank must never leave
 // the others waiting).
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <limits>
 
@@ -79,28 +80,90 @@ TEST_CASE("sp: exact exchange on P ranks equals one rank [6.4]", "[sp]") {
 
 TEST_CASE("sp: kv exchange on P ranks equals emulate_ranks = P [6.4]", "[sp]") {
     Setup s;
-    for (auto m : {Config::Method::infoflow, Config::Method::epic, Config::Method::cacheblend,
-                   Config::Method::none}) {
-        for (auto layout : {Config::Layout::global, Config::Layout::tl_tp}) {
-            Config cfg = method_config(m, 0.3);
-            cfg.scoring.layout = layout;
-            const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
-            Config emu = cfg;
-            emu.parallel.emulate_ranks = s.P();
-            const MethodResult one = run_method(*s.tm.m, s.req, emu, kNoStop);
-            CAPTURE(s.P(), s.rank(), to_string(m), to_string(layout));
-            CHECK(r.selected_positions == one.selected_positions);
-            if (s.rank() == 0) {
-                CHECK(rel_err(r.first_logits, one.first_logits) <= kTol);
-                CHECK(r.answer == one.answer);
+    int moved = 0;  // tokens run by a helper rank, over the balanced runs
+    for (bool balance : {true, false}) {
+        for (auto m : {Config::Method::infoflow, Config::Method::epic, Config::Method::cacheblend,
+                       Config::Method::none}) {
+            for (auto layout : {Config::Layout::global, Config::Layout::tl_tp}) {
+                Config cfg = method_config(m, 0.3);
+                cfg.scoring.layout = layout;
+                cfg.parallel.balance = balance;
+                const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+                Config emu = cfg;
+                emu.parallel.emulate_ranks = s.P();
+                const MethodResult one = run_method(*s.tm.m, s.req, emu, kNoStop);
+                CAPTURE(s.P(), s.rank(), balance, to_string(m), to_string(layout));
+                CHECK(r.selected_positions == one.selected_positions);
+                if (balance) {
+                    moved += r.recompute_moved;
+                } else {
+                    CHECK(r.recompute_moved == 0);
+                }
+                if (s.rank() == 0) {
+                    CHECK(rel_err(r.first_logits, one.first_logits) <= kTol);
+                    CHECK(r.answer == one.answer);
+                }
             }
         }
     }
+    // The balanced runs did move tokens (else they tested only the owner path).
+    CAPTURE(s.P());
+    if (s.P() > 1) CHECK(moved > 0);
+}
+
+TEST_CASE("sp: a balanced kv recompute moves the K/V plus the helped tokens' queries and "
+          "partials [5.5]",
+          "[sp]") {
+    Setup s;
+    const ModelConfig& c = s.tm.w.config;
+    int moved = 0;
+    for (auto m : {Config::Method::infoflow, Config::Method::epic, Config::Method::cacheblend}) {
+        for (double ratio : {0.3, 0.6}) {
+            const Config cfg = method_config(m, ratio);
+            const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+            // Over all ranks: per layer each selected token's K/V to P-1 ranks; per recomputed
+            // layer each helped token's query to its owner and its partial (out, lse) back;
+            // CacheBlend's helped tokens also take their layer-1 input once.
+            const int first = m == Config::Method::cacheblend ? 1 : 0;
+            const uint64_t kv = 2ull * c.n_head_kv * c.head_dim * sizeof(float);
+            const uint64_t helped = uint64_t(c.n_head) * (2 * c.head_dim + 1) * sizeof(float);
+            const uint64_t n_moved = uint64_t(r.recompute_moved);
+            const uint64_t expect =
+                uint64_t(r.selected_positions.size()) * kv * uint64_t(s.P() - 1) * c.n_layer +
+                n_moved * helped * uint64_t(c.n_layer - first) +
+                n_moved * uint64_t(first) * c.n_embd * sizeof(float);
+            uint64_t sent = 0, recv = 0;
+            for (const auto& per_rank : r.phases_per_rank) {
+                for (const PhaseTime& p : per_rank) {
+                    if (p.name != "recompute") continue;
+                    sent += p.bytes_sent;
+                    recv += p.bytes_recv;
+                }
+            }
+            CAPTURE(s.P(), s.rank(), to_string(m), ratio, r.recompute_moved);
+            CHECK(sent == expect);
+            CHECK(recv == expect);
+            if (s.P() == 1) continue;  // one rank runs the single-rank pipeline: no plan
+            moved += r.recompute_moved;
+            // The plan's loads: one per rank, no busier than with every token on its owner.
+            REQUIRE(int(r.recompute_load.size()) == s.P());
+            double hi = 0, hi_owned = 0;
+            for (int q = 0; q < s.P(); ++q) {
+                hi = std::max(hi, r.recompute_load[q]);
+                hi_owned = std::max(hi_owned, r.recompute_load_owned[q]);
+            }
+            CHECK(hi <= hi_owned);
+            if (r.recompute_moved > 0) CHECK(hi < hi_owned);
+        }
+    }
+    CAPTURE(s.P());
+    if (s.P() > 1) CHECK(moved > 0);
 }
 
 TEST_CASE("sp: kv exchange moves exactly the selected tokens' K/V [5.5]", "[sp]") {
     Setup s;
     Config cfg = method_config(Config::Method::infoflow, 0.2);
+    cfg.parallel.balance = false;  // every token on its owner: K/V only
     const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
     std::vector<int> sizes;
     for (const auto& c : s.req.chunks) sizes.push_back(int(c.size()));
@@ -130,6 +193,7 @@ TEST_CASE(
     Setup s;
     s.tm.m->set_kv_dtype(KvDtype::f16);
     Config cfg = method_config(Config::Method::infoflow, 0.3);
+    cfg.parallel.balance = false;  // the byte count below is the K/V alone
     const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
     Config emu = cfg;
     emu.parallel.emulate_ranks = s.P();
@@ -138,8 +202,16 @@ TEST_CASE(
     ex.parallel.exchange = Config::Exchange::exact;
     const MethodResult rx = run_request(*s.tm.m, s.req, ex, *s.comm, kNoStop);
     const MethodResult onex = run_method(*s.tm.m, s.req, ex, kNoStop);
+    Config bal = cfg;  // the balanced recompute reads its helper keys as f16 rows too
+    bal.parallel.balance = true;
+    bal.method.ratio = 0.6;
+    const MethodResult rb = run_request(*s.tm.m, s.req, bal, *s.comm, kNoStop);
+    bal.parallel.emulate_ranks = s.P();
+    const MethodResult oneb = run_method(*s.tm.m, s.req, bal, kNoStop);
     s.tm.m->set_kv_dtype(KvDtype::f32);
-    CAPTURE(s.P(), s.rank());
+    CAPTURE(s.P(), s.rank(), rb.recompute_moved);
+    CHECK(rb.selected_positions == oneb.selected_positions);
+    if (s.P() > 1) CHECK(rb.recompute_moved > 0);
     CHECK(r.selected_positions == one.selected_positions);
     CHECK(rx.selected_positions == onex.selected_positions);
     CHECK(rx.answer == onex.answer);
@@ -147,6 +219,8 @@ TEST_CASE(
         CHECK(rel_err(r.first_logits, one.first_logits) <= kTol);
         CHECK(r.answer == one.answer);
         CHECK(rel_err(rx.first_logits, onex.first_logits) <= kTol);
+        CHECK(rel_err(rb.first_logits, oneb.first_logits) <= kTol);
+        CHECK(rb.answer == oneb.answer);
     }
     // Each selected token's K/V rows travel as f16: 2 bytes per element.
     std::vector<int> sizes;
