@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <random>
 
 #include "comm/communicator.h"
@@ -156,6 +157,13 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             std::map<std::string, std::vector<double>> phase_ms;
             std::vector<std::string> phase_order;
             double bytes_per_layer = 0.0, bytes_per_layer_mean = 0.0;
+            // The recompute against its balanced ideal: per run, its wall time over the mean of
+            // the ranks' busy time (wall minus time waited in collectives); the plan's modelled
+            // loads (max / mean), as planned and with every token on its owner.
+            std::vector<double> rec_wall, rec_ideal, rec_ratio;
+            std::vector<std::vector<double>> rec_busy;
+            double model_planned = 0.0, model_owned = 0.0;
+            int rec_moved = 0;
             EmulatedTiming timing;
             for (int run = 0; run < base.bench.warmup + base.bench.runs; ++run) {
                 comm.barrier();
@@ -200,6 +208,33 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                 }
                 bytes_per_layer = most / mc.n_layer;
                 bytes_per_layer_mean = r.ranks > 0 ? all / r.ranks / mc.n_layer : 0.0;
+                for (const auto& per_rank : r.phases_per_rank) {
+                    if (emulate || per_rank.size() < 2 || per_rank[0].name != "recompute") continue;
+                    double wall = 0.0, sum = 0.0;
+                    std::vector<double> busy;
+                    for (const PhaseTime& p : per_rank) {
+                        wall = std::max(wall, p.ms);
+                        busy.push_back(std::max(0.0, p.ms - p.wait_ms));
+                        sum += busy.back();
+                    }
+                    const double ideal = sum / double(per_rank.size());
+                    rec_wall.push_back(wall);
+                    rec_ideal.push_back(ideal);
+                    rec_ratio.push_back(ideal > 0 ? wall / ideal : 0.0);
+                    rec_busy.push_back(busy);
+                }
+                auto max_over_mean = [](const std::vector<double>& x) {
+                    if (x.empty()) return 0.0;
+                    double hi = 0.0, sum = 0.0;
+                    for (double v : x) {
+                        hi = std::max(hi, v);
+                        sum += v;
+                    }
+                    return sum > 0 ? hi * double(x.size()) / sum : 0.0;
+                };
+                model_planned = max_over_mean(r.recompute_load);
+                model_owned = max_over_mean(r.recompute_load_owned);
+                rec_moved = r.recompute_moved;
             }
             const double med = median(ttft);
             const double lo = ttft.empty() ? 0.0 : *std::min_element(ttft.begin(), ttft.end());
@@ -230,6 +265,22 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             json phases = json::object();
             for (const auto& name : phase_order) phases[name] = median(phase_ms[name]);
             row["phases_ms"] = phases;
+            if (!rec_ratio.empty()) {
+                // The run with the median ratio, whole (its busy times belong to it).
+                std::vector<size_t> idx(rec_ratio.size());
+                std::iota(idx.begin(), idx.end(), 0);
+                std::sort(idx.begin(), idx.end(),
+                          [&](size_t a, size_t b) { return rec_ratio[a] < rec_ratio[b]; });
+                const size_t mid = idx[idx.size() / 2];
+                row["recompute"] = {{"wall_ms", rec_wall[mid]},
+                                    {"busy_ms_per_rank", rec_busy[mid]},
+                                    {"ideal_ms", rec_ideal[mid]},
+                                    {"vs_ideal", rec_ratio[mid]},
+                                    {"vs_ideal_runs", rec_ratio},
+                                    {"model_max_over_mean", model_planned},
+                                    {"model_max_over_mean_owned", model_owned},
+                                    {"tokens_moved", rec_moved}};
+            }
             if (emulate) row["timing"] = timing_json(timing);
             rows.push_back(row);
             sweep.step();
@@ -281,6 +332,32 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                         ratio(row["speedup_vs_single"]).c_str(),
                         ratio(row["speedup_vs_ring"]).c_str(),
                         row["bytes_per_rank_per_layer"].get<double>(), ph.c_str());
+        }
+        for (const json& row : rows) {
+            if (!row.contains("recompute")) continue;
+            const json& rc = row["recompute"];
+            std::string busy;
+            for (const auto& b : rc["busy_ms_per_rank"]) {
+                char buf[32];
+                std::snprintf(buf, sizeof buf, "%s%.0f", busy.empty() ? "" : " ", b.get<double>());
+                busy += buf;
+            }
+            std::string model = "no balance plan (the exact exchange)";
+            if (rc["model_max_over_mean_owned"].get<double>() > 0) {
+                char buf[160];
+                std::snprintf(buf, sizeof buf,
+                              "model max/mean %.3f (owners only %.3f), %d tokens moved",
+                              rc["model_max_over_mean"].get<double>(),
+                              rc["model_max_over_mean_owned"].get<double>(),
+                              rc["tokens_moved"].get<int>());
+                model = buf;
+            }
+            std::printf(
+                "recompute %6d %-16s wall %.0f ms, busy per rank [%s] ms, ideal (mean busy) "
+                "%.0f ms: %.2fx ideal; %s\n",
+                row["tokens"].get<int>(), row["method"].get<std::string>().c_str(),
+                rc["wall_ms"].get<double>(), busy.c_str(), rc["ideal_ms"].get<double>(),
+                rc["vs_ideal"].get<double>(), model.c_str());
         }
         if (n_noisy > 0) {
             std::printf(
