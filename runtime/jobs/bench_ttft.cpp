@@ -1,5 +1,5 @@
-// job = "bench-ttft" (docs/design.md §10): time to first token for each context length and method on
-// the job's ranks, in the layout of the paper's Table 5: single-rank full prefill (rank 0 alone,
+// job = "bench-ttft" (docs/design.md §10): time to first token for each context length and method
+// on the job's ranks, in the layout of the paper's Table 5: single-rank full prefill (rank 0 alone,
 // the other ranks idle), ring attention (zigzag and contiguous p2p; plus the all-gather variant
 // when ring.exchange = "allgather"), InfoFlow ("kv" and
 // "exact" exchange). Warm-up runs, then min / median / max of bench.runs (a row whose spread
@@ -345,11 +345,10 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             std::string model = "no balance plan (the exact exchange)";
             if (rc["model_max_over_mean_owned"].get<double>() > 0) {
                 char buf[160];
-                std::snprintf(buf, sizeof buf,
-                              "model max/mean %.3f (owners only %.3f), %d tokens moved",
-                              rc["model_max_over_mean"].get<double>(),
-                              rc["model_max_over_mean_owned"].get<double>(),
-                              rc["tokens_moved"].get<int>());
+                std::snprintf(
+                    buf, sizeof buf, "model max/mean %.3f (owners only %.3f), %d tokens moved",
+                    rc["model_max_over_mean"].get<double>(),
+                    rc["model_max_over_mean_owned"].get<double>(), rc["tokens_moved"].get<int>());
                 model = buf;
             }
             std::printf(

@@ -1,5 +1,5 @@
-// One request through one method on one rank (docs/design.md §3, §4): `full`, `none`, `infoflow` (with
-// optional reorder), `cacheblend`, `epic`. Every distributed mode is defined by, and tested
+// One request through one method on one rank (docs/design.md §3, §4): `full`, `none`, `infoflow`
+// (with optional reorder), `cacheblend`, `epic`. Every distributed mode is defined by, and tested
 // against, these single-rank semantics.
 #pragma once
 
@@ -35,8 +35,8 @@ struct MethodResult {
     double ttft_ms = 0.0;           // request to first-token logits
     std::vector<PhaseTime> phases;  // this rank's phases
     int ranks = 1;
-    // Phase 1 with the KV store (docs/design.md §8), summed over ranks: context chunks and tokens loaded
-    // from store.path, document bytes read, chunks added (store.mode = "read-write").
+    // Phase 1 with the KV store (docs/design.md §8), summed over ranks: context chunks and tokens
+    // loaded from store.path, document bytes read, chunks added (store.mode = "read-write").
     int store_chunks = 0;
     int store_tokens = 0;
     uint64_t store_bytes = 0;

@@ -40,9 +40,9 @@ RecomputePlan plan_recompute(const std::vector<RecomputeToken>& tokens, int n_ra
     std::vector<std::vector<int>> kept(n_ranks);  // movable tokens of each rank
     for (int i = 0; i < n; ++i) {
         const RecomputeToken& t = tokens[i];
-        IF_CHECK(t.owner >= 0 && t.owner < n_ranks,
-                 "recompute plan: token " << i << " owned by rank " << t.owner << " of "
-                                          << n_ranks);
+        IF_CHECK(t.owner >= 0 && t.owner < n_ranks, "recompute plan: token "
+                                                        << i << " owned by rank " << t.owner
+                                                        << " of " << n_ranks);
         plan.runner[i] = t.owner;
         plan.load[t.owner] += helper_part(i) + cost.per_key * double(t.shard_keys);
         kept[t.owner].push_back(i);
@@ -58,10 +58,10 @@ RecomputePlan plan_recompute(const std::vector<RecomputeToken>& tokens, int n_ra
     // Each move lowers the busiest rank and leaves the receiver below that old maximum, so the
     // sorted load vector falls strictly and the loop ends.
     for (;;) {
-        const int hi = int(std::max_element(plan.load.begin(), plan.load.end()) -
-                           plan.load.begin());
-        const int lo = int(std::min_element(plan.load.begin(), plan.load.end()) -
-                           plan.load.begin());
+        const int hi =
+            int(std::max_element(plan.load.begin(), plan.load.end()) - plan.load.begin());
+        const int lo =
+            int(std::min_element(plan.load.begin(), plan.load.end()) - plan.load.begin());
         if (hi == lo || kept[hi].empty()) break;
         // The largest movable token that still fits under the old maximum.
         std::vector<int>& k = kept[hi];

@@ -39,10 +39,10 @@ struct RecomputeToken {
 };
 
 struct RecomputePlan {
-    std::vector<int> runner;      // [n] rank that runs each token's layers
-    std::vector<double> load;     // [P] modelled work per layer with this plan
-    std::vector<double> owned;    // [P] the same with every token run by its owner
-    int moved = 0;                // tokens with runner != owner
+    std::vector<int> runner;    // [n] rank that runs each token's layers
+    std::vector<double> load;   // [P] modelled work per layer with this plan
+    std::vector<double> owned;  // [P] the same with every token run by its owner
+    int moved = 0;              // tokens with runner != owner
     double max_load() const;
     double mean_load() const;
 };

@@ -1,5 +1,5 @@
-// The phases of the sequence-parallel method (docs/design.md §5.2), one function each, called in order
-// by `run_method_sp` (sp_pipeline.cpp), which alone keeps the phase clock and the byte
+// The phases of the sequence-parallel method (docs/design.md §5.2), one function each, called in
+// order by `run_method_sp` (sp_pipeline.cpp), which alone keeps the phase clock and the byte
 // accounting. Each phase runs on every rank (SPMD); its messages are its own.
 //   1. shard_prefill     (sp_prefill.cpp)   no messages
 //   2. score_and_select  (sp_select.cpp)    merged row states, one all-reduce of the scores

@@ -118,7 +118,7 @@ std::vector<RecomputeToken> plan_tokens(const Shard& sh, const SpSelection& sel,
 struct KvWork {
     RecomputePlan plan;
     std::vector<std::vector<int>> runs, owns;
-    std::vector<int> n_kept;  // [P] leading entries of runs[p] that p owns
+    std::vector<int> n_kept;    // [P] leading entries of runs[p] that p owns
     std::vector<int32_t> slot;  // [|S|] this rank's cache slot of each token
 };
 
@@ -204,8 +204,10 @@ class HelperKeys {
   public:
     HelperKeys(Backend& be, const ModelConfig& c, const KvCache& cache, int c0,
                const std::vector<int32_t>& slots)
-        : cache_(cache), c0_(c0), slots_(slots), keys_(be, one_layer(c), std::max(1, c0 + int(slots.size())),
-                                                      cache.dtype()) {
+        : cache_(cache),
+          c0_(c0),
+          slots_(slots),
+          keys_(be, one_layer(c), std::max(1, c0 + int(slots.size())), cache.dtype()) {
         std::vector<int32_t> pos(cache.pos().begin(), cache.pos().begin() + c0);
         for (int32_t s : slots) pos.push_back(cache.pos()[s]);
         if (!pos.empty()) keys_.append(int(pos.size()), pos.data(), nullptr);
@@ -322,8 +324,8 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
     } else {
         for (int i = 0; i < n_kept; ++i) {
             const int at = sel.selected[runs[i]] - sh.own_begin;
-            be.copy(h.data() + size_t(i) * c.n_embd,
-                    sel.own_hidden.data() + size_t(at) * c.n_embd, sizeof(float) * c.n_embd);
+            be.copy(h.data() + size_t(i) * c.n_embd, sel.own_hidden.data() + size_t(at) * c.n_embd,
+                    sizeof(float) * c.n_embd);
         }
         if (any_moved) {  // helped tokens' input travels once from owner to helper
             const size_t hb = sizeof(float) * c.n_embd;
@@ -346,7 +348,8 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
     // Layers before first_layer (CacheBlend: layer 0) are not recomputed; each owner sends its
     // selected tokens' K/V as they are. From first_layer on, each runner sends what it computed.
     std::unique_ptr<KvExchange> by_owner;
-    if (sel.first_layer > 0) by_owner = std::make_unique<KvExchange>(comm, be, cache, w.slot, w.owns);
+    if (sel.first_layer > 0)
+        by_owner = std::make_unique<KvExchange>(comm, be, cache, w.slot, w.owns);
     KvExchange by_runner(comm, be, cache, w.slot, w.runs);
 
     // Helped tokens: the second key set, per owner, and the exchange buffers of the queries (to
@@ -433,8 +436,8 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
             if (cnt == 0) continue;
             const int at = help_first[o];
             const float* s = st_recv.data() + size_t(blk) * state;
-            be.lse_merge(out.data() + size_t(at) * qd, lse.data() + size_t(at) * H, s,
-                         s + cnt * qd, int(cnt) * H, D);
+            be.lse_merge(out.data() + size_t(at) * qd, lse.data() + size_t(at) * H, s, s + cnt * qd,
+                         int(cnt) * H, D);
             blk += int(cnt);
         }
         model.layer_post(l, h.data(), out.data(), n);

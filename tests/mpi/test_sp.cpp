@@ -111,9 +111,10 @@ TEST_CASE("sp: kv exchange on P ranks equals emulate_ranks = P [6.4]", "[sp]") {
     if (s.P() > 1) CHECK(moved > 0);
 }
 
-TEST_CASE("sp: a balanced kv recompute moves the K/V plus the helped tokens' queries and "
-          "partials [5.5]",
-          "[sp]") {
+TEST_CASE(
+    "sp: a balanced kv recompute moves the K/V plus the helped tokens' queries and "
+    "partials [5.5]",
+    "[sp]") {
     Setup s;
     const ModelConfig& c = s.tm.w.config;
     int moved = 0;
