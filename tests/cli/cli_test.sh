@@ -7,6 +7,8 @@
 #                    moved reported per rank
 #       kv16       - the demo on 2 ranks with model.kv_dtype = "f16" gives the same greedy
 #                    answer as with "f32", and its recompute exchange moves half the bytes
+#                    (parallel.balance = false: the balanced plan's queries and partials are
+#                    fp32 whatever the cache type)
 #       configdiff - ranks started with different configs stop at start-up with an error
 #                    naming the differing rank (no hang)
 #       fault      - a rank that fails mid-run stops every rank (MPI_Abort) within 30 s with a
@@ -77,7 +79,8 @@ PY
 kv16)
     for t in f32 f16; do
         "$mpiexec" -n 2 --oversubscribe "$bin" --config configs/demo.toml --set model.threads=1 \
-            --set decode.max_new_tokens=12 --set model.kv_dtype=$t --out "$tmp/$t.json" \
+            --set decode.max_new_tokens=12 --set model.kv_dtype=$t --set parallel.balance=false \
+            --out "$tmp/$t.json" \
             > "$tmp/$t.txt" 2>&1 || { cat "$tmp/$t.txt"; fail "kv_dtype $t: mpiexec exited non-zero"; }
     done
     cat "$tmp/f16.txt"
