@@ -90,7 +90,7 @@ void Model::mm(const float* x, const std::vector<float>& w32, const StoredMatrix
     nm.rows = int(stored.rows);
     nm.cols = int(stored.cols);
     nm.row_bytes = stored.row_bytes();
-    nm.data = stored.bytes.data();
+    nm.data = stored.data();
     nm.row_group = stored.row_group;
     nm.fp32_activations = fp32_activations;
     backend_.matmul_native(x, nm, bias, n, out, accumulate);
@@ -132,7 +132,7 @@ void Model::embed(const int32_t* ids, int n, float* hidden) {
         nm.rows = int(st.rows);
         nm.cols = int(st.cols);
         nm.row_bytes = st.row_bytes();
-        nm.data = st.bytes.data();
+        nm.data = st.data();
         nm.row_group = st.row_group;
         backend_.embed_native(nm, ids, n, hidden);
         return;
@@ -169,7 +169,7 @@ void Model::qkv(int l, const float* xn, int n, const int32_t* pos, float* q, flo
                 nm.rows = kd;
                 nm.cols = int(f.cols);
                 nm.row_bytes = rb;
-                nm.data = f.bytes.data() + size_t(qd + part * kd) * rb;
+                nm.data = f.data() + size_t(qd + part * kd) * rb;
                 nm.row_group = f.row_group;  // the loader groups wqkv only where qd, kd allow
                 const float* b = bqkv_[l].empty() ? nullptr : w(bqkv_[l]) + qd + part * kd;
                 backend_.matmul_native(xn, nm, b, n, part == 0 ? k : v, false);

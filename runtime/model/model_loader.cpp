@@ -473,6 +473,30 @@ void group_stored_rows(ModelWeights& w) {
     }
 }
 
+// Every stored matrix into one huge-page arena (runtime/core/memory.h), one at a time, each
+// loader copy freed as soon as it is copied so the peak stays near the model's size.
+void pack_stored_weights(ModelWeights& w) {
+    std::vector<StoredMatrix*> all = {&w.tok_embd_stored, &w.output_stored};
+    for (LayerWeights& L : w.layers) {
+        LayerWeights::Stored& s = L.stored;
+        for (StoredMatrix* m :
+             {&s.wq, &s.wk, &s.wv, &s.wqkv, &s.wo, &s.w_gate, &s.w_up, &s.w_down})
+            all.push_back(m);
+    }
+    size_t total = 0;
+    for (const StoredMatrix* m : all) total += (m->bytes.size() + 63) / 64 * 64;
+    if (total == 0) return;
+    w.arena = std::make_shared<HugePageArena>(total);
+    for (StoredMatrix* m : all) {
+        if (m->bytes.empty()) continue;
+        uint8_t* p = w.arena->take(m->bytes.size());
+        std::memcpy(p, m->bytes.data(), m->bytes.size());
+        m->packed = p;
+        m->packed_bytes = m->bytes.size();
+        std::vector<uint8_t>().swap(m->bytes);
+    }
+}
+
 std::string fingerprint_header(const ModelConfig& c);
 uint64_t fingerprint_tensor(uint64_t h, const std::vector<float>& t, const std::string& hf_name);
 void check_tensor_finite(const std::string& source, const TensorSlot& s,
@@ -523,6 +547,7 @@ ModelWeights load_gguf(const std::string& path, const LoadOptions& opt) {
     if (native) {
         for (LayerWeights& L : w.layers) fuse_stored_qkv(L);
         group_stored_rows(w);
+        pack_stored_weights(w);
         w.fingerprint = hex64(h);
     }
     return w;

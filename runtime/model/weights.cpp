@@ -33,7 +33,7 @@ void ModelWeights::validate() const {
                        size_t rows, size_t cols) {
         if (s.empty()) return check(name, t, rows * cols);
         IF_CHECK(t.empty() && size_t(s.rows) == rows && size_t(s.cols) == cols &&
-                     s.bytes.size() % rows == 0,
+                     s.size_bytes() % rows == 0,
                  source << ": stored tensor " << name << " is [" << s.rows << ", " << s.cols
                         << "], the config needs [" << rows << ", " << cols << "]");
     };

@@ -53,9 +53,9 @@ std::vector<float> dequant_rows(const StoredMatrix& m, int64_t r0, int64_t n) {
     std::vector<float> out(size_t(n * m.cols));
     std::vector<uint8_t> plain(m.row_bytes());
     for (int64_t r = 0; r < n; ++r) {
-        const uint8_t* row = m.bytes.data() + size_t(r0 + r) * m.row_bytes();
+        const uint8_t* row = m.data() + size_t(r0 + r) * m.row_bytes();
         if (m.row_group > 1) {  // the loader's row groups, taken back to plain rows
-            cpu::gather_grouped_row(m.type, m.bytes.data(), r0 + r, m.cols, plain.data());
+            cpu::gather_grouped_row(m.type, m.data(), r0 + r, m.cols, plain.data());
             row = plain.data();
         }
         dequantize_row(m.type, row, out.data() + size_t(r * m.cols), m.cols);
@@ -108,7 +108,7 @@ TEST_CASE("native weights: the file's blocks kept, no fp32 matrices, same finger
     CHECK(w.fingerprint == f.fingerprint);
     CHECK(w.tok_embd.empty());
     CHECK(w.tok_embd_stored.type == cpu::ggml_id::q8_0);
-    size_t stored = w.tok_embd_stored.bytes.size(), fp32 = 0;
+    size_t stored = w.tok_embd_stored.size_bytes(), fp32 = 0;
     for (const LayerWeights& l : w.layers) {
         for (const std::vector<float>* v :
              {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
