@@ -118,10 +118,20 @@ TEST_CASE("native weights: the file's blocks kept, no fp32 matrices, same finger
         CHECK(l.stored.wq.empty());
         for (const StoredMatrix* m :
              {&l.stored.wqkv, &l.stored.wo, &l.stored.w_gate, &l.stored.w_up, &l.stored.w_down}) {
-            stored += m->bytes.size();
+            stored += m->size_bytes();
+            // Packed into the weight arena: the loader's copy gone, the bytes in the arena.
+            CHECK(m->bytes.empty());
+            CHECK(m->packed != nullptr);
+            CHECK(m->packed >= w.tok_embd_stored.packed);
         }
     }
     CHECK(fp32 == 0);
+    REQUIRE(w.arena != nullptr);
+    CHECK(w.tok_embd_stored.packed != nullptr);
+    // The arena holds exactly the matrices (each 64-byte aligned), nothing else.
+    CHECK(w.arena->used() >= stored);
+    CHECK(w.arena->used() <= stored + 64 * (2 + 5 * w.layers.size()));
+    CHECK(stored > 60u * 1000 * 1000);
     std::printf("native weights: %.1f MB of stored matrices (the fp32 load: %.1f MB)\n",
                 stored / 1e6, model_weight_bytes(w.config) / 1e6);
     CHECK(stored < 110u * 1000 * 1000);  // the file is 98 MB; the fp32 matrices ~540 MB
