@@ -143,18 +143,11 @@ void attention_few(const AttnParams& p, int n_threads) {
     constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB, DV = V::DV;
     static_assert(kSegmentKeys % KT == 0, "segments are whole key tiles");
     const int D = p.head_dim, H = p.n_head, Hkv = p.n_head_kv, g = H / Hkv;
-    // Plain locals, not a structured binding: C++17 bindings cannot be captured by the
-    // OpenMP regions below (clang rejects it).
-    const KvView kv = kv_view(p);
-    const bool wide = kv.wide;
-    const size_t stride = kv.stride, esize = kv.esize;
-    const char* const kbase = kv.kbase;
-    const char* const vbase = kv.vbase;
-    const float scale = kv.scale;
+    const KvView kv = kv_view(p);  // a plain struct: OpenMP regions capture it
     const int n_q = p.n_q, n_kv = p.n_kv;
     const bool groups = p.k_group != nullptr;
     const int Dp = round_up(D, L * DV);
-    const bool in_place = wide && Dp == D;  // K and V read straight from the cache rows
+    const bool in_place = kv.wide && Dp == D;  // K and V read straight from the cache rows
     const int rows = n_q * g, rows_p = round_up(rows, RB);
     const int n_seg = std::max(1, (n_kv + kSegmentKeys - 1) / kSegmentKeys);
     const int n_tasks = Hkv * n_seg;
@@ -187,7 +180,7 @@ void attention_few(const AttnParams& p, int n_threads) {
             for (int r = 0; r < rows; ++r) {
                 const float* src = p.q + (size_t(r / g) * H + hk * g + r % g) * D;
                 float* dst = qb.data() + size_t(r) * Dp;
-                for (int d = 0; d < D; ++d) dst[d] = src[d] * scale;
+                for (int d = 0; d < D; ++d) dst[d] = src[d] * kv.scale;
             }
             float* m = pm.data() + size_t(task) * rows_p;
             double* l = pl.data() + size_t(task) * rows_p;
@@ -207,18 +200,19 @@ void attention_few(const AttnParams& p, int n_threads) {
                 if (tmin > max_qpos) continue;  // every key after every query
                 if (!in_place) {
                     for (int j = 0; j < nk; ++j) {
-                        const size_t at = ((size_t(j0) + j) * stride + size_t(hk) * D) * esize;
-                        V::widen(p.kv_dtype, kbase + at, D, kw.data() + size_t(j) * Dp);
-                        V::widen(p.kv_dtype, vbase + at, D, vw.data() + size_t(j) * Dp);
+                        const size_t at =
+                            ((size_t(j0) + j) * kv.stride + size_t(hk) * D) * kv.esize;
+                        V::widen(p.kv_dtype, kv.kbase + at, D, kw.data() + size_t(j) * Dp);
+                        V::widen(p.kv_dtype, kv.vbase + at, D, vw.data() + size_t(j) * Dp);
                     }
                 }
-                const float* k0 = in_place ? reinterpret_cast<const float*>(kbase) +
-                                                 size_t(j0) * stride + size_t(hk) * D
+                const float* k0 = in_place ? reinterpret_cast<const float*>(kv.kbase) +
+                                                 size_t(j0) * kv.stride + size_t(hk) * D
                                            : kw.data();
-                const float* v0 = in_place ? reinterpret_cast<const float*>(vbase) +
-                                                 size_t(j0) * stride + size_t(hk) * D
+                const float* v0 = in_place ? reinterpret_cast<const float*>(kv.vbase) +
+                                                 size_t(j0) * kv.stride + size_t(hk) * D
                                            : vw.data();
-                const size_t step = in_place ? stride : size_t(Dp);
+                const size_t step = in_place ? kv.stride : size_t(Dp);
                 const bool plain = !groups && nk == KT;
                 for (int r = 0; r < rows_p; ++r) {
                     float* prow = pt.data() + size_t(r) * KT;
@@ -291,15 +285,8 @@ void attention(const AttnParams& p, int n_threads) {
     constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB, DV = V::DV;
     const int D = p.head_dim, H = p.n_head, Hkv = p.n_head_kv;
     IF_CHECK(H > 0 && Hkv > 0 && H % Hkv == 0 && D > 0, "attention: bad head counts");
-    // Plain locals, not a structured binding: C++17 bindings cannot be captured by the
-    // OpenMP regions below (clang rejects it).
-    const KvView kv = kv_view(p);
-    const bool wide = kv.wide;
-    const size_t stride = kv.stride, esize = kv.esize;
-    const char* const kbase = kv.kbase;
-    const char* const vbase = kv.vbase;
-    const float scale = kv.scale;
-    IF_CHECK(wide ? (p.n_kv == 0 || (p.k && p.v)) : (p.n_kv == 0 || (p.k16 && p.v16)),
+    const KvView kv = kv_view(p);  // a plain struct: OpenMP regions capture it
+    IF_CHECK(kv.wide ? (p.n_kv == 0 || (p.k && p.v)) : (p.n_kv == 0 || (p.k16 && p.v16)),
              "attention: k/v missing for kv_dtype " << kv_dtype_name(p.kv_dtype));
     const int g = H / Hkv;
     const int n_q = p.n_q, n_kv = p.n_kv;
@@ -307,8 +294,8 @@ void attention(const AttnParams& p, int n_threads) {
     const bool groups = p.k_group != nullptr;
     IF_CHECK(!groups || p.q_group, "attention: k_group given without q_group");
     if (n_q * g <= kFewRows) return attention_few<V>(p, n_threads);
-    const int Dp = round_up(D, L * DV);       // padded head width (zeros), a whole number of blocks
-    const bool v_in_place = wide && Dp == D;  // P·V reads the fp32 cache rows directly
+    const int Dp = round_up(D, L * DV);  // padded head width (zeros), a whole number of blocks
+    const bool v_in_place = kv.wide && Dp == D;  // P·V reads the fp32 cache rows directly
 
     // Position range of each key tile: the cut-off that skips a tile for a query block.
     const int n_tiles = (n_kv + KT - 1) / KT;
@@ -326,11 +313,10 @@ void attention(const AttnParams& p, int n_threads) {
         const int max_rows = round_up(std::min(kQueryBlock, n_q) * g, RB);
         std::vector<float> qb(size_t(max_rows) * Dp, 0.0f), ob(size_t(max_rows) * Dp);
         std::vector<float> pt(size_t(max_rows) * KT), kt(size_t(D) * KT, 0.0f);
-        std::vector<float> vt(v_in_place ? 0 : size_t(KT) * Dp, 0.0f), alpha(max_rows),
-            m(max_rows);
+        std::vector<float> vt(v_in_place ? 0 : size_t(KT) * Dp, 0.0f), alpha(max_rows), m(max_rows);
         std::vector<double> l(max_rows);
         std::vector<int32_t> rpos(max_rows), rgrp(max_rows);
-        std::vector<float> kw(wide ? 0 : size_t(KT) * D);  // a tile's K widened to fp32
+        std::vector<float> kw(kv.wide ? 0 : size_t(KT) * D);  // a tile's K widened to fp32
         alignas(64) int32_t kpos[KT];
         alignas(64) int32_t kgrp[KT];
 
@@ -351,7 +337,7 @@ void attention(const AttnParams& p, int n_threads) {
                 if (r < rows) {
                     const int t = r / g, gi = r % g;
                     const float* src = p.q + (size_t(t0 + t) * H + hk * g + gi) * D;
-                    for (int d = 0; d < D; ++d) dst[d] = src[d] * scale;
+                    for (int d = 0; d < D; ++d) dst[d] = src[d] * kv.scale;
                     rpos[r] = p.q_pos[t0 + t];
                     rgrp[r] = groups ? p.q_group[t0 + t] : 0;
                     max_qpos = std::max(max_qpos, rpos[r]);
@@ -375,16 +361,16 @@ void attention(const AttnParams& p, int n_threads) {
                 // K^T [D, KT] of the tile in fp32 (transposed from the cache rows, or from
                 // their widened copies); V [KT, Dp] in fp32 — read in place from an fp32 cache
                 // whose head width needs no padding, else widened into vt.
-                for (int j = 0; j < nk && (!wide || !v_in_place); ++j) {
-                    const size_t at = ((size_t(j0) + j) * stride + size_t(hk) * D) * esize;
-                    if (!wide) V::widen(p.kv_dtype, kbase + at, D, kw.data() + size_t(j) * D);
+                for (int j = 0; j < nk && (!kv.wide || !v_in_place); ++j) {
+                    const size_t at = ((size_t(j0) + j) * kv.stride + size_t(hk) * D) * kv.esize;
+                    if (!kv.wide) V::widen(p.kv_dtype, kv.kbase + at, D, kw.data() + size_t(j) * D);
                     if (!v_in_place)
-                        V::widen(p.kv_dtype, vbase + at, D, vt.data() + size_t(j) * Dp);
+                        V::widen(p.kv_dtype, kv.vbase + at, D, vt.data() + size_t(j) * Dp);
                 }
-                if (wide) {
-                    transpose_tile<V>(reinterpret_cast<const float*>(kbase) + size_t(j0) * stride +
-                                          size_t(hk) * D,
-                                      stride, nk, D, kt.data(), KT);
+                if (kv.wide) {
+                    transpose_tile<V>(reinterpret_cast<const float*>(kv.kbase) +
+                                          size_t(j0) * kv.stride + size_t(hk) * D,
+                                      kv.stride, nk, D, kt.data(), KT);
                 } else {
                     transpose_tile<V>(kw.data(), size_t(D), nk, D, kt.data(), KT);
                 }
@@ -395,10 +381,10 @@ void attention(const AttnParams& p, int n_threads) {
                     }
                 }
                 // Row j of the tile's V: the cache row itself, or its widened copy in vt.
-                const float* v0 = v_in_place ? reinterpret_cast<const float*>(vbase) +
-                                                   size_t(j0) * stride + size_t(hk) * D
+                const float* v0 = v_in_place ? reinterpret_cast<const float*>(kv.vbase) +
+                                                   size_t(j0) * kv.stride + size_t(hk) * D
                                              : vt.data();
-                const size_t vstep = v_in_place ? stride : size_t(Dp);
+                const size_t vstep = v_in_place ? kv.stride : size_t(Dp);
                 // Rows that see every key of the tile need no mask (most of a causal prefill).
                 const bool plain = !groups && nk == KT;
 

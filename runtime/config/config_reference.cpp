@@ -67,7 +67,8 @@ const std::map<std::string, std::string>& descriptions() {
          "(Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K/F16/BF16; Q4_0/Q4_1/Q8_0 rows block-interleaved in "
          "groups of 4, the same bytes; decode and small batches use fused dot products with "
          "activations quantized to 8 bits per 32-value block, the LM head with fp32 "
-         "activations, prefill dequantizes one weight tile at a time for an fp32 GEMM); `f32` "
+         "activations, prefill dequantizes one weight tile at a time for an fp32 GEMM; all of it in "
+         "one mapping on transparent huge pages where the kernel allows); `f32` "
          "dequantizes the whole model to fp32 at load (the reference). The `cuda` backend always "
          "loads `f32` (bf16 on the device)"},
         {"cpu.isa",

@@ -51,15 +51,21 @@ std::vector<RecomputeToken> selection(const std::vector<int>& per_rank, int shar
     return t;
 }
 
-}  // namespace
-
-TEST_CASE("recompute cost counts the layer's multiply-adds", "[cpu][parallel]") {
+// The widths of SmolLM2-135M, the shape the plan is tuned on.
+ModelConfig smollm2_shape() {
     ModelConfig c;
     c.n_embd = 576;
     c.n_head = 9;
     c.n_head_kv = 3;
     c.head_dim = 64;
     c.n_ff = 1536;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("recompute cost counts the layer's multiply-adds", "[cpu][parallel]") {
+    const ModelConfig c = smollm2_shape();
     const RecomputeCost cost = recompute_cost(c);
     // q, k, v: 576 x (576 + 2 * 192); o: 576 x 576; gate, up, down: 3 x 576 x 1536.
     CHECK(cost.linear == Approx(576.0 * 960 + 576.0 * 576 + 3.0 * 576 * 1536));
@@ -68,12 +74,7 @@ TEST_CASE("recompute cost counts the layer's multiply-adds", "[cpu][parallel]") 
 
 TEST_CASE("recompute plan: loads match a recount, work is conserved, skew is removed",
           "[cpu][parallel]") {
-    ModelConfig c;
-    c.n_embd = 576;
-    c.n_head = 9;
-    c.n_head_kv = 3;
-    c.head_dim = 64;
-    c.n_ff = 1536;
+    const ModelConfig c = smollm2_shape();
     const RecomputeCost cost = recompute_cost(c);
     struct Case {
         std::vector<int> per_rank;
