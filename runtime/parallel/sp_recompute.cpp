@@ -246,7 +246,7 @@ class HelperKeys {
 };
 
 // Attention of `n` queries over the keys `p` points at, or the empty state (0, -inf) when there
-// is no key.
+// is no key; `lse` may be nullptr (not wanted).
 void partial_attention(Backend& be, AttnParams p, const float* q, const int32_t* pos, int n,
                        float* out, float* lse) {
     if (n == 0) return;
@@ -254,7 +254,7 @@ void partial_attention(Backend& be, AttnParams p, const float* q, const int32_t*
         const std::vector<float> zero(size_t(n) * p.n_head * p.head_dim, 0.0f);
         const std::vector<float> ninf(size_t(n) * p.n_head, -INFINITY);
         be.upload(out, zero.data(), zero.size() * sizeof(float));
-        be.upload(lse, ninf.data(), ninf.size() * sizeof(float));
+        if (lse) be.upload(lse, ninf.data(), ninf.size() * sizeof(float));
         return;
     }
     p.q = q;
@@ -401,7 +401,8 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
         cache.attn_kv(l, 0, ap);
         ap.k_pos = cache.pos_data();
         ap.n_kv = cache.size();
-        partial_attention(be, ap, q.data(), pos.data(), n_kept, out.data(), lse.data());
+        // Their outputs are final: no normalizer to merge, so none is computed.
+        partial_attention(be, ap, q.data(), pos.data(), n_kept, out.data(), nullptr);
         if (!any_moved) {
             model.layer_post(l, h.data(), out.data(), n);
             continue;
