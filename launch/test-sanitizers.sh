@@ -9,7 +9,8 @@
 # -R regex to run a subset; default all tests except the GPU ones), INFOFLOW_SAN_LABEL (a CTest
 # label, e.g. cpu: only the tests carrying it), INFOFLOW_SAN_TARGETS (a
 # space-separated list of test executables: build only those and the fuzz targets, and run each
-# of those executables directly instead of the CTest suite).
+# of those executables directly instead of the CTest suite; `NAME:N` runs NAME on N MPI ranks,
+# and the word `demo` runs infoflow_sp on configs/demo.toml on 2 ranks, its answer checked).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${INFOFLOW_SAN_BUILD_DIR:-$root/build-san}"
@@ -27,8 +28,10 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPI
 san_targets="${INFOFLOW_SAN_TARGETS:-}"
 if [ -n "$san_targets" ]; then
     fuzz_targets=$("$root/launch/fuzz.sh" list | sed 's/^/fuzz_/' | tr '\n' ' ')
+    # NAME:N -> NAME; demo -> infoflow_sp
+    build_targets=$(for t in $san_targets; do t="${t%%:*}"; [ "$t" = demo ] && t=infoflow_sp; echo "$t"; done | sort -u | tr '\n' ' ')
     # shellcheck disable=SC2086
-    cmake --build "$build" -j "$jobs" --target $san_targets $fuzz_targets fuzz_gen_corpus
+    cmake --build "$build" -j "$jobs" --target $build_targets $fuzz_targets fuzz_gen_corpus
 else
     cmake --build "$build" -j "$jobs"
 fi
@@ -37,16 +40,49 @@ echo "[sanitizers] build: $((t1 - t0)) s"
 
 # Leaks: only those inside Open MPI and its runtime (allocations it keeps until exit by design)
 # are suppressed; a leak in our code fails the run.
+# Two things make the Open MPI suppressions match in MPI ranks: its plugins stay mapped until
+# exit (tests/sanitizers/keep_dso.c, preloaded: dlclose does nothing), and allocation stacks are
+# unwound fully (fast_unwind_on_malloc=0: the frame-pointer unwinder stops inside Open MPI's
+# libraries, before the frame that names them).
 export LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan_openmpi.supp:print_suppressions=0"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$root/launch/blas_env.sh"
+keep_dso="$build/libkeep_dso.so"
+"$cc" -shared -fPIC -O1 -o "$keep_dso" "$root/tests/sanitizers/keep_dso.c"
+mpi_run() {  # mpi_run N EXE ARGS...: EXE on N ranks under the sanitizers
+    local n="$1"
+    shift
+    ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0" LD_PRELOAD="$keep_dso" \
+        mpirun --oversubscribe --bind-to none -np "$n" -x ASAN_OPTIONS -x LSAN_OPTIONS \
+        -x UBSAN_OPTIONS -x LD_PRELOAD "$@"
+}
 (
     cd "$build"
     if [ -n "$san_targets" ]; then
         for t in $san_targets; do
-            echo "[sanitizers] $t"
-            "./$t" --use-colour no
+            s=$(cut -d' ' -f1 /proc/uptime)
+            case "$t" in
+            demo)
+                echo "[sanitizers] demo: infoflow_sp --config configs/demo.toml on 2 ranks"
+                out="$build/san-demo.txt"
+                (cd "$root" && mpi_run 2 "$build/infoflow_sp" --config configs/demo.toml \
+                    --set model.threads=1) > "$out" 2>&1 || { cat "$out"; exit 1; }
+                grep -E "^(answer|reference) " "$out"
+                grep -q "match: the answer contains it" "$out" \
+                    || { cat "$out"; echo "[sanitizers] demo: the answer does not match"; exit 1; }
+                ;;
+            *:*)
+                echo "[sanitizers] ${t%%:*} on ${t##*:} ranks"
+                mpi_run "${t##*:}" "./${t%%:*}" --use-colour no
+                ;;
+            *)
+                echo "[sanitizers] $t"
+                "./$t" --use-colour no
+                ;;
+            esac
+            awk -v s="$s" -v t="$t" '{ printf "[sanitizers] %s: %.0f s\n", t, $1 - s }' /proc/uptime
         done
     elif [ -n "${INFOFLOW_SAN_LABEL:-}" ]; then
         ctest --output-on-failure -j "${INFOFLOW_TEST_JOBS:-2}" -L "$INFOFLOW_SAN_LABEL" -LE gpu

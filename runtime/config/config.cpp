@@ -54,6 +54,7 @@ IF_ENUM_NAMES(Config::BlendMetric, "v", "k")
 IF_ENUM_NAMES(Config::EpicMode, "ratio", "fixed")
 IF_ENUM_NAMES(Config::Comm, "auto", "mpi", "nccl", "self")
 IF_ENUM_NAMES(Config::Exchange, "kv", "exact")
+IF_ENUM_NAMES(Config::Placement, "chunks", "tokens")
 IF_ENUM_NAMES(Config::RingLayout, "zigzag", "contiguous")
 IF_ENUM_NAMES(Config::RingExchange, "p2p", "allgather")
 IF_ENUM_NAMES(Config::StoreMode, "read", "read-write")
@@ -601,6 +602,7 @@ const std::vector<Field>& fields() {
         f.push_back(
             int_field("parallel.emulate_ranks", par, &C::ParallelSection::emulate_ranks, 0));
         f.push_back(bool_field("parallel.balance", par, &C::ParallelSection::balance));
+        f.push_back(enum_field("parallel.placement", par, &C::ParallelSection::placement));
         f.push_back(float_field("parallel.timeout_s", par, &C::ParallelSection::timeout_s, 0.001));
         f.push_back(float_field("parallel.startup_timeout_s", par,
                                 &C::ParallelSection::startup_timeout_s, 0.001));
@@ -944,6 +946,7 @@ const char* to_string(Config::BlendMetric v) { return enum_name(v); }
 const char* to_string(Config::EpicMode v) { return enum_name(v); }
 const char* to_string(Config::Comm v) { return enum_name(v); }
 const char* to_string(Config::Exchange v) { return enum_name(v); }
+const char* to_string(Config::Placement v) { return enum_name(v); }
 const char* to_string(Config::RingLayout v) { return enum_name(v); }
 const char* to_string(Config::RingExchange v) { return enum_name(v); }
 const char* to_string(Config::StoreMode v) { return enum_name(v); }

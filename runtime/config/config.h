@@ -41,6 +41,7 @@ struct Config {
     enum class EpicMode { ratio, fixed };
     enum class Comm { automatic, mpi, nccl, self };  // "auto"
     enum class Exchange { kv, exact };
+    enum class Placement { chunks, tokens };  // parallel.placement
     enum class RingLayout { zigzag, contiguous };
     enum class RingExchange { p2p, allgather };
     enum class StoreMode { read, read_write };
@@ -130,6 +131,7 @@ struct Config {
         Exchange exchange = Exchange::kv;
         int emulate_ranks = 0;     // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
         bool balance = true;       // "kv": helpers run part of the busiest ranks' recompute
+        Placement placement = Placement::chunks;  // "tokens": chunks cut at even shard edges
         double timeout_s = 600.0;  // a peer that does not arrive ends the job (§11)
         double startup_timeout_s = 300.0;  // the same until the start-up checks are done
     };
@@ -259,6 +261,7 @@ const char* to_string(Config::BlendMetric v);
 const char* to_string(Config::EpicMode v);
 const char* to_string(Config::Comm v);
 const char* to_string(Config::Exchange v);
+const char* to_string(Config::Placement v);
 const char* to_string(Config::RingLayout v);
 const char* to_string(Config::RingExchange v);
 const char* to_string(Config::StoreMode v);

@@ -163,6 +163,12 @@ const std::map<std::string, std::string>& descriptions() {
          "the other shards' selected tokens) while their owner adds the attention over its "
          "shard, merged by LSE; the result is the same `kv` semantics; costs the moved "
          "queries and partial states in bytes; `false` = every token on its owner"},
+        {"parallel.placement",
+         "how context chunks are dealt to the P shards: `chunks` = whole chunks, the largest "
+         "shard as small as whole chunks allow; `tokens` = shard edges at even token counts, a "
+         "chunk that straddles an edge is cut there into two chunks (each prefilled on its own "
+         "with the sink, docs/design.md §5.1); the chunking then depends on P, and the one-rank "
+         "oracle of a `tokens` run is `parallel.emulate_ranks = P` with `tokens`"},
         {"parallel.emulate_ranks",
          "on one rank, run the `kv` visibility mask of this many ranks (the oracle of a "
          "P-rank `kv` run); `0` = off; with `bench.emulate_timing`: the number of virtual ranks"},

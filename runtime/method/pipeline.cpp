@@ -246,6 +246,18 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
                                        "fidelity) are not implemented yet for this method");
         return run_long_context(model, req, cfg, stop_ids);
     }
+    if (cfg.method.name != Config::Method::full &&
+        cfg.parallel.placement == Config::Placement::tokens && cfg.parallel.emulate_ranks > 1) {
+        // The chunks a P-rank run with parallel.placement = "tokens" uses (§5.1): cut at the
+        // even shard edges of the emulated ranks, then placed whole.
+        IF_CHECK(hooks.chunks == nullptr,
+                 "parallel.placement = \"tokens\" with shared chunks (job sweep) is not "
+                 "implemented yet");
+        Config placed = cfg;
+        placed.parallel.placement = Config::Placement::chunks;
+        return run_method(model, place_request(req, cfg, cfg.parallel.emulate_ranks), placed,
+                          stop_ids, hooks);
+    }
     MethodResult r = start_result(model, req, cfg, 1);
     if (cfg.method.name == Config::Method::full) {
         return run_full(model, req, cfg, stop_ids, r, hooks);

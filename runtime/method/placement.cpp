@@ -53,4 +53,28 @@ Placement place_chunks(const std::vector<int>& chunk_sizes, int n_ranks) {
     return p;
 }
 
+std::vector<std::vector<int>> shard_edge_cuts(const std::vector<int>& chunk_sizes, int n_ranks) {
+    IF_CHECK(n_ranks >= 1, "placement needs at least one rank, got " << n_ranks);
+    IF_CHECK(!chunk_sizes.empty(), "placement needs chunk 0");
+    const int K = int(chunk_sizes.size()) - 1;
+    std::vector<int64_t> bound(K + 1, 0);  // context offsets of the chunk boundaries
+    for (int i = 0; i < K; ++i) bound[i + 1] = bound[i] + chunk_sizes[i + 1];
+    const int64_t C = bound[K];
+    std::vector<std::vector<int>> cuts(chunk_sizes.size());
+    if (C == 0) return cuts;
+    const int64_t snap = std::max<int64_t>(1, C / (50 * int64_t(n_ranks)));
+    for (int s = 1; s < n_ranks; ++s) {
+        const int64_t edge = (int64_t(s) * C + n_ranks / 2) / n_ranks;
+        // chunk c (1-based) holds context offsets [bound[c-1], bound[c])
+        const int c = int(std::upper_bound(bound.begin(), bound.end(), edge) - bound.begin());
+        if (c > K) continue;                    // edge == C: the end
+        const int64_t lo = bound[c - 1], hi = bound[c];
+        if (edge - lo <= snap || hi - edge <= snap) continue;  // at (or next to) a boundary
+        std::vector<int>& v = cuts[size_t(c)];
+        const int at = int(edge - lo);
+        if (v.empty() || v.back() < at) v.push_back(at);
+    }
+    return cuts;
+}
+
 }  // namespace infoflow

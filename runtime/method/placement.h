@@ -20,4 +20,12 @@ struct Placement {
 // Ranks may get no chunk when K < P.
 Placement place_chunks(const std::vector<int>& chunk_sizes, int n_ranks);
 
+// parallel.placement = "tokens" (docs/design.md §5.1): where context chunks 1..K must be cut so
+// that `n_ranks` shards of even token counts exist. Shard edge s (0 < s < P) lies at
+// round(s * C / P) of the C context tokens; an edge within max(1, C / (50 P)) tokens of an
+// existing chunk boundary moves onto it (no sliver chunks; a shard stays within 2 % of C / P),
+// otherwise the chunk that straddles it is cut there. Returns, per chunk (index 0 = chunk 0,
+// never cut), the cut offsets inside it in increasing order; empty = chunk kept whole.
+std::vector<std::vector<int>> shard_edge_cuts(const std::vector<int>& chunk_sizes, int n_ranks);
+
 }  // namespace infoflow

@@ -6,6 +6,7 @@
 #include "runtime/core/fs.h"
 #include "runtime/formats/chat_template.h"
 #include "runtime/formats/tokenizer.h"
+#include "runtime/method/placement.h"
 
 namespace infoflow {
 
@@ -111,6 +112,25 @@ PreparedRequest prepare_request(const Tokenizer& tok, const ChatTemplate& chat,
     r.suffix.insert(r.suffix.end(), close.begin(), close.end());
     IF_CHECK(r.question_end > r.question_begin, "request.question tokenizes to no tokens");
     return r;
+}
+
+PreparedRequest place_request(const PreparedRequest& req, const Config& cfg, int n_ranks) {
+    if (cfg.parallel.placement != Config::Placement::tokens || n_ranks <= 1) return req;
+    std::vector<int> sizes;
+    for (const auto& ch : req.chunks) sizes.push_back(int(ch.size()));
+    const std::vector<std::vector<int>> cuts = shard_edge_cuts(sizes, n_ranks);
+    PreparedRequest out = req;
+    out.chunks.clear();
+    for (size_t i = 0; i < req.chunks.size(); ++i) {
+        const std::vector<int32_t>& ch = req.chunks[i];
+        int from = 0;
+        for (int at : cuts[i]) {
+            out.chunks.emplace_back(ch.begin() + from, ch.begin() + at);
+            from = at;
+        }
+        out.chunks.emplace_back(ch.begin() + from, ch.end());
+    }
+    return out;
 }
 
 }  // namespace infoflow

@@ -42,6 +42,11 @@ InstructionText instruction_text(Config::Template t);
 PreparedRequest prepare_request(const Tokenizer& tok, const ChatTemplate& chat,
                                 const RequestText& text, const Config& cfg);
 
+// parallel.placement = "tokens": the request with its context chunks cut at the even shard edges
+// of `n_ranks` shards (shard_edge_cuts, placement.h); every piece is a chunk of its own. The same
+// request when the placement is "chunks" or n_ranks <= 1.
+PreparedRequest place_request(const PreparedRequest& req, const Config& cfg, int n_ranks);
+
 // Resolves chunking.sink: "bos" = the model's BOS token, or the first token of the chat prefix
 // when the model has no BOS; "none" = -1; otherwise a literal that must be exactly one token.
 int32_t resolve_sink(const Tokenizer& tok, const std::vector<int32_t>& prefix,

@@ -35,10 +35,12 @@ void gather_phases(Communicator& comm, MethodResult& r) {
     }
 }
 
-MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Config& cfg,
+MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Config& cfg,
                            Communicator& comm, const std::vector<int32_t>& stop_ids) {
     check_recompute_method(cfg, "sequence-parallel");
     IF_CHECK(!cfg.method.reorder, "method.reorder = true runs on one rank only");
+    // parallel.placement = "tokens": chunks cut at the even shard edges of these P ranks (§5.1)
+    const PreparedRequest req = place_request(req_in, cfg, comm.size());
     const bool exact = cfg.parallel.exchange == Config::Exchange::exact;
     MethodResult r = start_result(model, req, cfg, comm.size());
     r.chunk_order = identity_order(req.n_chunks());

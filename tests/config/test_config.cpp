@@ -119,6 +119,7 @@ comm = "nccl"
 exchange = "exact"
 emulate_ranks = 4
 balance = false
+placement = "tokens"
 timeout_s = 30.5
 startup_timeout_s = 20
 [ring]
@@ -224,6 +225,7 @@ TEST_CASE("defaults follow docs/design.md", "[cpu][config]") {
     CHECK(c.parallel.exchange == C::Exchange::kv);
     CHECK(c.parallel.emulate_ranks == 0);
     CHECK(c.parallel.balance);
+    CHECK(c.parallel.placement == C::Placement::chunks);
     CHECK(c.parallel.timeout_s == 600.0);
     CHECK(c.parallel.startup_timeout_s == 300.0);
     CHECK(c.model.check_finite);
@@ -275,6 +277,7 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.parallel.exchange == C::Exchange::exact);
     CHECK(c.parallel.emulate_ranks == 4);
     CHECK_FALSE(c.parallel.balance);
+    CHECK(c.parallel.placement == C::Placement::tokens);
     CHECK(c.parallel.timeout_s == 30.5);
     CHECK(c.parallel.startup_timeout_s == 20.0);
     CHECK_FALSE(c.model.check_finite);
