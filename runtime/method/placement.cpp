@@ -67,7 +67,7 @@ std::vector<std::vector<int>> shard_edge_cuts(const std::vector<int>& chunk_size
         const int64_t edge = (int64_t(s) * C + n_ranks / 2) / n_ranks;
         // chunk c (1-based) holds context offsets [bound[c-1], bound[c])
         const int c = int(std::upper_bound(bound.begin(), bound.end(), edge) - bound.begin());
-        if (c > K) continue;                    // edge == C: the end
+        if (c > K) continue;  // edge == C: the end
         const int64_t lo = bound[c - 1], hi = bound[c];
         if (edge - lo <= snap || hi - edge <= snap) continue;  // at (or next to) a boundary
         std::vector<int>& v = cuts[size_t(c)];

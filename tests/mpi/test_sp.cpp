@@ -161,6 +161,43 @@ TEST_CASE(
     if (s.P() > 1) CHECK(moved > 0);
 }
 
+TEST_CASE("sp: placement tokens on P ranks equals its one-rank oracles [6.4]", "[sp]") {
+    Setup s;
+    // Uneven chunks, so that whole-chunk shards differ and the P-rank run cuts chunks.
+    const PreparedRequest req = random_request(33, s.tm.w.config.n_vocab, 4, {50, 70}, 9);
+    Config tokens;
+    tokens.parallel.placement = Config::Placement::tokens;
+    CAPTURE(s.P());
+    // edges at 120 s / P of the 120 context tokens: on 2-4 ranks each one cuts a chunk
+    const int cut_chunks = place_request(req, tokens, s.P()).n_chunks();
+    if (s.P() > 1) CHECK(cut_chunks == req.n_chunks() + s.P() - 1);
+    for (auto ex : {Config::Exchange::kv, Config::Exchange::exact}) {
+        for (auto m : {Config::Method::infoflow, Config::Method::epic, Config::Method::none}) {
+            Config cfg = method_config(m, 0.3);
+            cfg.parallel.exchange = ex;
+            cfg.parallel.placement = Config::Placement::tokens;
+            const MethodResult r = run_request(*s.tm.m, req, cfg, *s.comm, kNoStop);
+            // kv: emulate_ranks = P with the same placement; exact: one rank over the cut chunks
+            Config one_cfg = cfg;
+            PreparedRequest one_req = req;
+            if (ex == Config::Exchange::kv) {
+                one_cfg.parallel.emulate_ranks = s.P();
+            } else {
+                one_req = place_request(req, cfg, s.P());
+                one_cfg.parallel.placement = Config::Placement::chunks;
+            }
+            const MethodResult one = run_method(*s.tm.m, one_req, one_cfg, kNoStop);
+            CAPTURE(s.P(), s.rank(), to_string(ex), to_string(m));
+            CHECK(r.chunk_order.size() == size_t(place_request(req, cfg, s.P()).n_chunks()));
+            CHECK(r.selected_positions == one.selected_positions);
+            if (s.rank() == 0) {
+                CHECK(rel_err(r.first_logits, one.first_logits) <= kTol);
+                CHECK(r.answer == one.answer);
+            }
+        }
+    }
+}
+
 TEST_CASE("sp: kv exchange moves exactly the selected tokens' K/V [5.5]", "[sp]") {
     Setup s;
     Config cfg = method_config(Config::Method::infoflow, 0.2);
