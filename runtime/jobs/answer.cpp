@@ -55,6 +55,7 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
     j["chunk_order"] = r.chunk_order;
     j["ttft_ms"] = r.ttft_ms;
     j["peak_rss_mib"] = r.peak_rss_mib;
+    j["shard_tokens"] = r.shard_tokens;
     j["store"] = {{"path", cfg.store.path},
                   {"tokens", r.store_tokens},
                   {"chunks", r.store_chunks},
@@ -111,6 +112,18 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
                 to_string(cfg.scoring.layout), cfg.method.reorder ? "  reorder" : "");
     std::printf("context    : %d tokens in %d chunks, suffix %d tokens\n", r.context_tokens,
                 req.n_chunks(), r.suffix_tokens);
+    if (!r.shard_tokens.empty()) {
+        std::string shards;
+        for (size_t q = 0; q < r.shard_tokens.size(); ++q) {
+            shards += (q ? ", " : "") + std::string("rank ") + std::to_string(q) + " " +
+                      std::to_string(r.shard_tokens[q]);
+        }
+        std::printf("shards     : %s tokens (placement %s%s)\n", shards.c_str(),
+                    to_string(cfg.parallel.placement),
+                    r.chunks_used > req.n_chunks()
+                        ? (", " + std::to_string(r.chunks_used) + " chunks after the cuts").c_str()
+                        : "");
+    }
     if (cfg.method.name != Config::Method::full) {
         std::printf(
             "recomputed : %zu tokens (%.1f%% of the context)\n", r.selected_positions.size(),
