@@ -118,11 +118,12 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
             shards += (q ? ", " : "") + std::string("rank ") + std::to_string(q) + " " +
                       std::to_string(r.shard_tokens[q]);
         }
-        std::printf("shards     : %s tokens (placement %s%s)\n", shards.c_str(),
-                    to_string(cfg.parallel.placement),
-                    r.chunks_used > req.n_chunks()
-                        ? (", " + std::to_string(r.chunks_used) + " chunks after the cuts").c_str()
-                        : "");
+        std::string how = std::string("placement ") + to_string(cfg.parallel.placement);
+        const int n_used = int(r.chunk_order.size());
+        if (n_used > req.n_chunks()) {
+            how += ", " + std::to_string(n_used) + " chunks after the cuts";
+        }
+        std::printf("shards     : %s tokens (%s)\n", shards.c_str(), how.c_str());
     }
     if (cfg.method.name != Config::Method::full) {
         std::printf(

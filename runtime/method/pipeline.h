@@ -49,9 +49,8 @@ struct MethodResult {
     // token on its owner, and the tokens run by a helper rank. Empty / 0 elsewhere.
     std::vector<double> recompute_load, recompute_load_owned;
     int recompute_moved = 0;
-    // Sequence-parallel runs: the context chunks used (after parallel.placement = "tokens" cut
-    // them at the shard edges) and each rank's shard in tokens (docs/design.md §5.1).
-    int chunks_used = 0;
+    // Sequence-parallel runs: each rank's shard in tokens (docs/design.md §5.1; chunk_order
+    // counts the chunks after parallel.placement = "tokens" cut them at the shard edges).
     std::vector<int> shard_tokens;
     // Per phase, per rank (filled on rank 0 of a distributed run): [phase][rank].
     std::vector<std::vector<PhaseTime>> phases_per_rank;

@@ -56,7 +56,6 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     });
     const Shard& sh = p.shard;
     clock.end();
-    r.chunks_used = req.n_chunks();
     r.shard_tokens = sh.place.shard_tokens;
 
     clock.begin("scoring");  // 2. identical selection on every rank
