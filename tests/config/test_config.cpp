@@ -691,6 +691,11 @@ TEST_CASE("command line", "[cpu][config]") {
                               "--print-config", "--print-config-reference"}) {
             CHECK_THAT(u, Contains(f));
         }
+        // ... and every job the config accepts (none reported as planned once it is built).
+        for (int j = 0; j <= int(Config::Job::sweep); ++j) {
+            CHECK_THAT(u, Contains(to_string(Config::Job(j))));
+        }
+        CHECK_THAT(u, !Contains("planned"));
     }
     SECTION("effective config: file, then --set, then --out") {
         TempDir dir;
