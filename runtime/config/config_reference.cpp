@@ -140,7 +140,7 @@ const std::map<std::string, std::string>& descriptions() {
          "for k/v); each head's state L2-normalized, concatenated; the default is the "
          "`reform-heads` result for SmolLM2"},
         {"reform.pool", "max-pool window over the per-token scores (odd)"},
-        {"reform.gather", "context tokens gathered by score for the recompute"},
+        {"reform.gather", "context tokens gathered by score for the recompute (the top-scoring of the whole context, kept ends included)"},
         {"reform.keep_ends", "first and last context tokens always gathered"},
         {"reform.tasks", "`reform-heads`: synthetic tasks per kind (pattern match, multi-hop)"},
         {"reform.task_tokens", "`reform-heads`: context tokens of each synthetic task"},

@@ -283,11 +283,11 @@ std::vector<int> gather_indices(const std::vector<float>& pooled, int gather, in
     std::vector<uint8_t> take(size_t(n), 0);
     const int e = std::min(std::max(keep_ends, 0), n);
     for (int j = 0; j < e; ++j) take[size_t(j)] = take[size_t(n - 1 - j)] = 1;
-    std::vector<int> cand;
-    for (int j = 0; j < n; ++j) {
-        if (!take[size_t(j)]) cand.push_back(j);
-    }
-    const int k = std::min(std::max(gather, 0), int(cand.size()));
+    // The top `gather` over the whole context, the kept ends included: where the best-scoring
+    // tokens lie in the ends, no lower-scoring ones are taken in their place.
+    std::vector<int> cand(static_cast<size_t>(n));
+    std::iota(cand.begin(), cand.end(), 0);
+    const int k = std::min(std::max(gather, 0), n);
     std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), [&](int a, int b) {
         return pooled[size_t(a)] != pooled[size_t(b)] ? pooled[size_t(a)] > pooled[size_t(b)]
                                                       : a < b;

@@ -93,8 +93,9 @@ class RecurrentForward {
 std::vector<float> retrieval_scores(const Embeddings& ctx, const Embeddings& question);
 // out[j] = max of s over [j - window/2, j + window/2] inside the vector (window odd).
 std::vector<float> max_pool(const std::vector<float>& s, int window);
-// The first and last `keep_ends` indices, plus the `gather` others with the largest score
-// (ties: the lower index); sorted.
+// The `gather` indices with the largest score over the whole vector (ties: the lower index),
+// united with the first and last `keep_ends`; sorted. At most gather + 2 keep_ends: top
+// indices inside the ends are not replaced by lower-scoring ones.
 std::vector<int> gather_indices(const std::vector<float>& pooled, int gather, int keep_ends);
 
 // Phase 1 shards on P ranks (docs/design.md §5.1): contiguous, token-balanced; shard s covers

@@ -66,7 +66,9 @@ TEST_CASE("niah beyond the window: full does not fit, reform, h2o, streamingllm 
         CHECK(r["answer_ids"].size() > 0);
     }
     CHECK(rows[1]["method"] == "reform");
-    CHECK(rows[1]["selected"] == 128 + 2 * 32);
+    // The top 128 united with 2 x 32 ends (the needle's window may overlap an end).
+    CHECK(rows[1]["selected"].get<int>() >= 128);
+    CHECK(rows[1]["selected"].get<int>() <= 128 + 2 * 32);
     CHECK(rows[1]["phases"].contains("gather"));
     CHECK(rows[1]["phases"].contains("recompute"));
     CHECK(out["summary"][0]["method"] == "full");
