@@ -63,8 +63,9 @@ const std::map<std::string, std::string>& descriptions() {
          "memory and half the K/V bytes exchanged between ranks; attention widens to fp32 and "
          "accumulates in fp32; CPU backend only, the cuda backend says not implemented yet)"},
         {"model.weights",
-         "CPU backend, GGUF files: `native` keeps every matrix in the file's stored type "
-         "(Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K/F16/BF16; Q4_0/Q4_1/Q8_0 rows block-interleaved in "
+         "CPU backend: `native` keeps every matrix in the file's stored type (GGUF "
+         "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K/F16/BF16, safetensors F16/BF16; F32 matrices stay fp32; "
+         "Q4_0/Q4_1/Q8_0 rows block-interleaved in "
          "groups of 4, the same bytes; decode and small batches use fused dot products with "
          "activations quantized to 8 bits per 32-value block, the LM head with fp32 "
          "activations, prefill dequantizes one weight tile at a time for an fp32 GEMM; all of it in "

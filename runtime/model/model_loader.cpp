@@ -583,12 +583,26 @@ ModelConfig config_from_hf(const std::string& path, const SafetensorsModel& st) 
     return c;
 }
 
-ModelWeights load_hf(const std::string& path) {
+// The GGUF type id of a safetensors dtype the CPU backend can keep as stored (F16, BF16:
+// the same IEEE half / bfloat16 bytes, little-endian); 0 (F32) otherwise.
+uint32_t stored_type_of_safetensors(const std::string& dtype) {
+    if (dtype == "F16") return cpu::ggml_id::f16;
+    if (dtype == "BF16") return cpu::ggml_id::bf16;
+    return cpu::ggml_id::f32;
+}
+
+ModelWeights load_hf(const std::string& path, const LoadOptions& opt) {
     SafetensorsModel st(path);
     ModelWeights w;
     w.config = config_from_hf(path, st);
     w.source = path;
-    check_memory(model_weight_bytes(w.config), path);
+    const bool native = opt.native_weights;
+    if (!native) check_memory(model_weight_bytes(w.config), path);
+    // model.weights = "native": every matrix stored as F16 or BF16 keeps its bytes, as for GGUF
+    // (load_gguf); each is still converted once into a scratch vector for the finiteness check
+    // and the fingerprint, which equals the fp32 load's.
+    uint64_t h = native ? fnv1a64(fingerprint_header(w.config)) : 0;
+    std::vector<float> scratch;
     for (const TensorSlot& s : tensor_slots(w.config, w)) {
         IF_CHECK(st.has(s.hf), path << ": missing tensor '" << s.hf << "'");
         const SafetensorsTensorInfo& t = st.info(s.hf);
@@ -596,8 +610,31 @@ ModelWeights load_hf(const std::string& path) {
                                          << ": tensor '" << s.hf << "' has shape "
                                          << shape_str(t.shape) << ", the config needs "
                                          << shape_str(s.shape));
-        s.dst->resize(size_t(numel(s.shape)));
-        st.read_f32(s.hf, s.dst->data());
+        const uint32_t type = stored_type_of_safetensors(t.dtype);
+        const bool keep = native && s.stored != nullptr && type != cpu::ggml_id::f32 &&
+                          cpu::native_type_supported(type);
+        std::vector<float>& dst = keep ? scratch : *s.dst;
+        dst.resize(size_t(numel(s.shape)));
+        st.read_f32(s.hf, dst.data());
+        if (native) {
+            if (opt.check_finite) check_tensor_finite(st.file_of(s.hf).path(), s, dst);
+            h = fingerprint_tensor(h, dst, s.hf);
+        }
+        if (keep) {
+            StoredMatrix& m = *s.stored;
+            m.type = type;
+            m.rows = s.shape[0];
+            m.cols = s.shape[1];
+            const uint8_t* src = st.file_of(s.hf).tensor_data(t);
+            m.bytes.assign(src, src + ggml_row_bytes(type, numel(s.shape)));
+            std::vector<float>().swap(scratch);
+        }
+    }
+    if (native) {
+        for (LayerWeights& L : w.layers) fuse_stored_qkv(L);
+        group_stored_rows(w);
+        pack_stored_weights(w);
+        w.fingerprint = hex64(h);
     }
     return w;
 }
@@ -1200,7 +1237,7 @@ ModelWeights load_model_weights(const std::string& path, const LoadOptions& opt)
              path << ": cannot open model: " << std::strerror(errno));
     ModelWeights w;
     if (S_ISDIR(st.st_mode) || ends_with(path, ".safetensors")) {
-        w = load_hf(path);
+        w = load_hf(path, opt);
     } else {
         IF_CHECK(is_gguf_file(path), path << ": not a GGUF file, a Hugging Face directory or "
                                           << "random:<shape>");

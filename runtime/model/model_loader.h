@@ -1,6 +1,7 @@
 // Model loading (docs/design.md §7, docs/formats.md §2, §4, §5): a GGUF file, a Hugging Face directory
 // (config.json + model.safetensors or shards), or a synthetic "random:<shape>[:seed]" model,
-// always to fp32 weights in PyTorch layout with Q/K rows in HF half-split order. Also the
+// to fp32 weights (or, LoadOptions::native_weights, the file's stored matrices) in PyTorch layout
+// with Q/K rows in HF half-split order. Also the
 // reverse direction (save a model as GGUF or as an HF directory) for tests and tools.
 #pragma once
 
@@ -25,9 +26,10 @@ struct LoadOptions {
     // Reject NaN/Inf in any loaded tensor of a file, naming the file, the tensor and the first
     // bad element (docs/design.md §11; config model.check_finite). Synthetic models are always finite.
     bool check_finite = true;
-    // GGUF files: keep every matrix the file stores in a quantized or 16-bit type in that type
-    // (StoredMatrix, model.weights = "native"; the CPU backend multiplies them as stored) instead
-    // of dequantizing it to fp32. Other sources load fp32 either way.
+    // Keep every matrix the file stores in a quantized or 16-bit type in that type (StoredMatrix,
+    // model.weights = "native"; the CPU backend multiplies them as stored) instead of converting
+    // it to fp32: GGUF quantized, F16 and BF16 matrices, safetensors F16 and BF16 ones. F32
+    // matrices and random: models load fp32 either way.
     bool native_weights = false;
 };
 

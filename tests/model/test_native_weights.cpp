@@ -30,6 +30,7 @@
 #include "runtime/model/model.h"
 #include "runtime/model/model_loader.h"
 #include "runtime/model/sampling.h"
+#include "tests/test_util.h"
 
 using namespace infoflow;
 
@@ -209,4 +210,69 @@ TEST_CASE("native weights: the France question answered as the fp32 load does, e
         CHECK(worst <= 0.5);
     }
     cpu::set_cpu_isa_override("auto");
+}
+
+TEST_CASE("native weights from a Hugging Face directory: F16 and BF16 kept as stored",
+          "[native][real]") {
+    // The real model written as safetensors in each 16-bit dtype, then loaded both ways: the
+    // fp32 load of the same directory is the reference. 16-bit to fp32 is exact, so the stored
+    // rows equal the reference rows bit for bit; F16/BF16 dots take fp32 activations (no q8
+    // rounding), so decode-step logits differ from the reference by summation order only.
+    for (const std::string dtype : {"BF16", "F16"}) {
+        INFO("dtype " << dtype);
+        infoflow::test::TempDir tmp("native_hf");
+        REQUIRE_FALSE(tmp.path.empty());
+        save_model_hf(f32_weights(), tmp.path, dtype);
+        const ModelWeights ref = load_model_weights(tmp.path);
+        LoadOptions o;
+        o.native_weights = true;
+        const ModelWeights w = load_model_weights(tmp.path, o);
+        REQUIRE(w.has_stored());
+        CHECK_FALSE(ref.has_stored());
+        CHECK(w.fingerprint == ref.fingerprint);
+        const uint32_t type = dtype == "F16" ? cpu::ggml_id::f16 : cpu::ggml_id::bf16;
+        CHECK(w.tok_embd.empty());
+        CHECK(w.tok_embd_stored.type == type);
+        size_t stored = w.tok_embd_stored.size_bytes(), fp32 = 0;
+        for (const LayerWeights& l : w.layers) {
+            for (const std::vector<float>* v :
+                 {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+                fp32 += v->size();
+            }
+            CHECK(l.stored.wqkv.type == type);
+            for (const StoredMatrix* m : {&l.stored.wqkv, &l.stored.wo, &l.stored.w_gate,
+                                          &l.stored.w_up, &l.stored.w_down}) {
+                stored += m->size_bytes();
+            }
+        }
+        CHECK(fp32 == 0);
+        // Two bytes per weight: half of the fp32 load.
+        std::printf("native %s weights: %.1f MB stored (fp32 load: %.1f MB)\n", dtype.c_str(),
+                    stored / 1e6, model_weight_bytes(w.config) / 1e6);
+        CHECK(stored * 2 <= model_weight_bytes(w.config));
+        const ModelConfig& c = w.config;
+        const int64_t qd = int64_t(c.n_head) * c.head_dim, kd = int64_t(c.n_head_kv) * c.head_dim;
+        for (const int l : {0, c.n_layer - 1}) {
+            const LayerWeights& a = ref.layers[size_t(l)];
+            const StoredMatrix& qkv = w.layers[size_t(l)].stored.wqkv;
+            CHECK(dequant_rows(qkv, 0, qd) == a.wq);
+            CHECK(dequant_rows(qkv, qd, kd) == a.wk);
+            CHECK(dequant_rows(qkv, qd + kd, kd) == a.wv);
+            CHECK(dequant_rows(w.layers[size_t(l)].stored.w_up, 0, c.n_ff) == a.w_up);
+        }
+        const Run want = answer_france(ref);
+        const Run got = answer_france(w);
+        double first_err = 0.0, first_max = 0.0, second_err = 0.0, second_max = 0.0;
+        for (size_t i = 0; i < want.first.size(); ++i) {
+            first_err = std::max(first_err, double(std::fabs(got.first[i] - want.first[i])));
+            first_max = std::max(first_max, double(std::fabs(want.first[i])));
+            second_err = std::max(second_err, double(std::fabs(got.second[i] - want.second[i])));
+            second_max = std::max(second_max, double(std::fabs(want.second[i])));
+        }
+        std::printf("%s: first-token max |dlogit| %.3g, decode step %.3g (max |logit| %.3g)\n",
+                    dtype.c_str(), first_err, second_err, second_max);
+        CHECK(got.answer == want.answer);
+        CHECK(first_err <= 1e-4 * first_max);
+        CHECK(second_err <= 1e-4 * second_max);
+    }
 }
