@@ -502,6 +502,25 @@ uint64_t fingerprint_tensor(uint64_t h, const std::vector<float>& t, const std::
 void check_tensor_finite(const std::string& source, const TensorSlot& s,
                          const std::vector<float>& t);
 
+// Matrix `s` kept in its stored `type`: a copy of its bytes at `src`.
+StoredMatrix& keep_stored(const TensorSlot& s, uint32_t type, const uint8_t* src) {
+    StoredMatrix& m = *s.stored;
+    m.type = type;
+    m.rows = s.shape[0];
+    m.cols = s.shape[1];
+    m.bytes.assign(src, src + ggml_row_bytes(type, numel(s.shape)));
+    return m;
+}
+
+// The end of a native load: wq/wk/wv fused, rows grouped, every matrix packed into the arena;
+// `h` is the fingerprint accumulated tensor by tensor (the fp32 load's).
+void finish_native_load(ModelWeights& w, uint64_t h) {
+    for (LayerWeights& L : w.layers) fuse_stored_qkv(L);
+    group_stored_rows(w);
+    pack_stored_weights(w);
+    w.fingerprint = hex64(h);
+}
+
 ModelWeights load_gguf(const std::string& path, const LoadOptions& opt) {
     GgufFile f(path);
     ModelWeights w;
@@ -533,23 +552,13 @@ ModelWeights load_gguf(const std::string& path, const LoadOptions& opt) {
             h = fingerprint_tensor(h, dst, s.hf);
         }
         if (keep) {
-            StoredMatrix& m = *s.stored;
-            m.type = t->type;
-            m.rows = s.shape[0];
-            m.cols = s.shape[1];
-            const uint8_t* src = f.tensor_data(*t);
-            m.bytes.assign(src, src + ggml_row_bytes(t->type, numel(s.shape)));
+            StoredMatrix& m = keep_stored(s, t->type, f.tensor_data(*t));
             if (unpermute)
                 unpermute_stored_rows(m.bytes, m.row_bytes(), s.qk_heads, w.config.head_dim);
             std::vector<float>().swap(scratch);
         }
     }
-    if (native) {
-        for (LayerWeights& L : w.layers) fuse_stored_qkv(L);
-        group_stored_rows(w);
-        pack_stored_weights(w);
-        w.fingerprint = hex64(h);
-    }
+    if (native) finish_native_load(w, h);
     return w;
 }
 
@@ -621,21 +630,11 @@ ModelWeights load_hf(const std::string& path, const LoadOptions& opt) {
             h = fingerprint_tensor(h, dst, s.hf);
         }
         if (keep) {
-            StoredMatrix& m = *s.stored;
-            m.type = type;
-            m.rows = s.shape[0];
-            m.cols = s.shape[1];
-            const uint8_t* src = st.file_of(s.hf).tensor_data(t);
-            m.bytes.assign(src, src + ggml_row_bytes(type, numel(s.shape)));
+            keep_stored(s, type, st.file_of(s.hf).tensor_data(t));
             std::vector<float>().swap(scratch);
         }
     }
-    if (native) {
-        for (LayerWeights& L : w.layers) fuse_stored_qkv(L);
-        group_stored_rows(w);
-        pack_stored_weights(w);
-        w.fingerprint = hex64(h);
-    }
+    if (native) finish_native_load(w, h);
     return w;
 }
 
