@@ -17,6 +17,21 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def wilson(k, n, z=1.96):
+    """95 % Wilson score interval of k successes in n trials."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    c = (p + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def cell(x):
+    lo, hi = wilson(sum(x), len(x))
+    return f"{mean(x):.2f} ({sum(x)}/{len(x)}; {lo:.2f}-{hi:.2f})"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results", nargs="+")
@@ -43,6 +58,7 @@ def main():
     print("`full` does not fit: every haystack here needs more than the model's 8192 positions "
           f"(context tokens {sorted(unfit)}); it is reported, not run.\n")
     print("## Accuracy (answer contains the pass key), by length\n")
+    print("Each cell: the share found (found/cases; 95 % Wilson interval).\n")
     print("| method | " + " | ".join(f"{L // 1024}K" for L in lengths) + " | all | runs | "
           "needle gathered | mean TTFT s |")
     print("|---" * (len(lengths) + 5) + "|")
@@ -52,10 +68,10 @@ def main():
         cells = []
         for L in lengths:
             x = [r["correct"] for r in rs if r["length_target"] == L]
-            cells.append(f"{mean(x):.2f} ({sum(x)}/{len(x)})" if x else "not run")
+            cells.append(cell(x) if x else "not run")
         rec = mean(r.get("needle_recall", 0.0) for r in rs) if m == "reform" else None
         print(f"| {m} | " + " | ".join(cells) +
-              f" | {mean(r['correct'] for r in rs):.2f} | {len(rs)} | "
+              f" | {cell([r['correct'] for r in rs])} | {len(rs)} | "
               + (f"{rec:.2f}" if rec is not None else "-") +
               f" | {mean(r['ttft_ms'] for r in rs) / 1000:.1f} |")
     print("\n## Correct answers per length x depth\n")

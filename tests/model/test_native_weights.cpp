@@ -260,6 +260,9 @@ TEST_CASE("native weights from a Hugging Face directory: F16 and BF16 kept as st
             CHECK(dequant_rows(qkv, qd + kd, kd) == a.wv);
             CHECK(dequant_rows(w.layers[size_t(l)].stored.w_up, 0, c.n_ff) == a.w_up);
         }
+        // The answer once, for BF16 (the usual checkpoint dtype); the F16 and BF16 dot and tile
+        // kernels are each checked against fp32 in tests/kernels.
+        if (dtype != "BF16") continue;
         const Run want = answer_france(ref);
         const Run got = answer_france(w);
         double first_err = 0.0, first_max = 0.0, second_err = 0.0, second_max = 0.0;
