@@ -5,7 +5,9 @@
 // line. bench/reform_memory.sh runs the grid.
 //
 // Usage: bench_reform --mode reform|h2o|full --length N [--model PATH] [--threads 2]
-//                     [--set reform.key=value ...]
+//                     [--weights native|f32] [--set reform.key=value ...]
+// --weights: model.weights (default native, the runtime's default: the file's stored matrices;
+// f32 dequantizes the model at load, the reference).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +27,7 @@ using namespace infoflow;
 
 int main(int argc, char** argv) {
     std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", mode = "reform";
+    std::string weights_kind = "native";
     int length = 16384, threads = 2;
     std::vector<std::string> sets;
     for (int i = 1; i < argc; ++i) {
@@ -44,12 +47,14 @@ int main(int argc, char** argv) {
             length = std::stoi(next());
         } else if (a == "--threads") {
             threads = std::stoi(next());
+        } else if (a == "--weights") {
+            weights_kind = next();
         } else if (a == "--set") {
             sets.push_back(next());
         } else {
             std::fprintf(stderr,
                          "usage: bench_reform --mode reform|h2o|full --length N [--model PATH] "
-                         "[--threads N] [--set reform.key=value]\n");
+                         "[--threads N] [--weights native|f32] [--set reform.key=value]\n");
             return 2;
         }
     }
@@ -59,9 +64,13 @@ int main(int argc, char** argv) {
         Config cfg;
         cfg.method.name = mode == "h2o" ? Config::Method::h2o : Config::Method::reform;
         apply_overrides(cfg, sets);
-        const ModelWeights weights = load_model_weights(model_path);
-        const ModelConfig& c = weights.config;
+        IF_CHECK(weights_kind == "native" || weights_kind == "f32",
+                 "--weights must be native or f32, got '" << weights_kind << "'");
         auto backend = make_cpu_backend(threads);
+        LoadOptions lo;
+        lo.native_weights = weights_kind == "native" && backend->supports_native_weights();
+        const ModelWeights weights = load_model_weights(model_path, lo);
+        const ModelConfig& c = weights.config;
         Model model(*backend, weights);
         std::mt19937 rng(1234);
         PreparedRequest req;
@@ -111,9 +120,9 @@ int main(int argc, char** argv) {
             "{\"bench\": \"reform_phase1\", \"mode\": \"%s\", \"tokens\": %d, \"layers\": %d, "
             "\"ms\": %.1f, \"peak_rss_mib\": %.1f, \"rss_after_load_mib\": %.1f, "
             "\"peak_reset\": %s, \"cache_slots\": %d, \"embeddings_mib\": %.2f, "
-            "\"threads\": %d}\n",
+            "\"threads\": %d, \"weights\": \"%s\"}\n",
             mode.c_str(), length, layers, ms, peak, rss_loaded, reset ? "true" : "false",
-            peak_slots, emb_mib, threads);
+            peak_slots, emb_mib, threads, weights.has_stored() ? "native" : "f32");
         return 0;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
