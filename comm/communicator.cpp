@@ -16,6 +16,7 @@
 #include <exception>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
@@ -713,7 +714,14 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind,
     std::fflush(stdout);
     std::fprintf(stderr, "[rank %d/%d] error: %s\n", rank, size, msg.c_str());
     std::fflush(stderr);
-    if (mpi) mpi_abort(code);
+    if (mpi) {
+        // An error every rank finds at once (a config or model mismatch after an all-gather)
+        // reaches abort_job on every rank together, and the first MPI_Abort kills the others,
+        // perhaps before rank 0 has printed the line users read first. The other ranks give
+        // rank 0 a moment; a job where rank 0 is healthy but stuck still ends, one second later.
+        if (rank != 0 && size > 1) std::this_thread::sleep_for(std::chrono::seconds(1));
+        mpi_abort(code);
+    }
     std::_Exit(code);
 }
 
