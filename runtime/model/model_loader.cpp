@@ -1243,9 +1243,12 @@ ModelWeights load_model_weights(const std::string& path, const LoadOptions& opt)
         w = load_gguf(path, opt);
     }
     w.validate();
-    // Stored-type weights were checked and fingerprinted tensor by tensor while loading.
-    if (opt.check_finite && !w.has_stored()) check_weights_finite(w);
-    w.fingerprint = model_fingerprint(w);
+    // A native load checked and fingerprinted every tensor while loading (whether or not any
+    // was kept as stored); an fp32 load does both here.
+    if (w.fingerprint.empty()) {
+        if (opt.check_finite) check_weights_finite(w);
+        w.fingerprint = model_fingerprint(w);
+    }
     return w;
 }
 
