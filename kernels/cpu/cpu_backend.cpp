@@ -98,6 +98,8 @@ class CpuBackend final : public Backend {
             const float* xi = x + size_t(i) * d;
             float* oi = out + size_t(i) * d;
             double ss = 0.0;
+            // Vector lanes of double partial sums (a serial double sum does not vectorize).
+#pragma omp simd reduction(+ : ss)
             for (int j = 0; j < d; ++j) ss += double(xi[j]) * xi[j];
             const float r = 1.0f / std::sqrt(float(ss / d) + eps);
             for (int j = 0; j < d; ++j) oi[j] = w[j] * (xi[j] * r);

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "kernels/cpu/quant_dot.h"
@@ -12,7 +13,30 @@
 namespace infoflow::cpu {
 namespace {
 
-constexpr int kMaxTileRows = 128;  // weight rows per dequantized tile
+// Weight rows per dequantized tile: as many as fit kTileBytes of fp32 scratch, within
+// [kMinTileRows, kMaxTileRows]. Every sgemm call packs all of x again, a copy of n * k floats
+// against 2 * n * rows * k flops, so short tiles pay for it: at 128 rows it was ~12 % of a
+// 512-token prefill, at SmolLM2's whole matrices (576-1536 rows, <= 3.5 MB) ~3 %.
+constexpr size_t kTileBytes = size_t(8) << 20;
+constexpr int kMinTileRows = 128;
+constexpr int kMaxTileRows = 2048;
+
+int tile_rows_cap(int k) {
+    const size_t fit = kTileBytes / (sizeof(float) * size_t(k));
+    return int(std::clamp<size_t>(fit, kMinTileRows, kMaxTileRows)) / 16 * 16;
+}
+
+// Each thread's tile scratch, kept between calls (value-initializing a fresh multi-megabyte
+// vector per call cost page faults and a memset on every matmul).
+float* tile_scratch(size_t floats) {
+    static thread_local std::unique_ptr<float[]> buf;
+    static thread_local size_t cap = 0;
+    if (cap < floats) {
+        buf.reset(new float[floats]);
+        cap = floats;
+    }
+    return buf.get();
+}
 
 void check_matrix(const NativeMatrix& w) {
     IF_CHECK(native_type_supported(w.type) && w.data != nullptr && w.rows > 0 && w.cols > 0 &&
@@ -110,24 +134,25 @@ void tile_path(const float* x, const NativeMatrix& w, const float* bias, int n, 
     const QuantKernels& qk = quant_kernels();
     const int k = w.cols;
     const int m = w.rows;
-    // Tiles of at most kMaxTileRows rows (a multiple of 16), a whole number per thread.
-    const int per = std::max(1, (m + kMaxTileRows * n_threads - 1) / (kMaxTileRows * n_threads));
+    // Tiles of at most tile_rows_cap(k) rows (a multiple of 16), a whole number per thread.
+    const int cap = tile_rows_cap(k);
+    const int per = std::max(1, (m + cap * n_threads - 1) / (cap * n_threads));
     const int n_tiles_want = per * n_threads;
-    const int tile = std::min(kMaxTileRows, ((m + n_tiles_want - 1) / n_tiles_want + 15) / 16 * 16);
+    const int tile = std::min(cap, ((m + n_tiles_want - 1) / n_tiles_want + 15) / 16 * 16);
     const int n_tiles = (m + tile - 1) / tile;
     const float beta = accumulate ? 1.0f : 0.0f;
 #pragma omp parallel num_threads(std::min(n_threads, n_tiles))
     {
-        std::vector<float> scratch(size_t(tile) * k);
+        float* scratch = tile_scratch(size_t(tile) * k);
         std::vector<uint8_t> plain;
 #pragma omp for schedule(static)
         for (int t = 0; t < n_tiles; ++t) {
             const int m0 = t * tile;
             const int rows = std::min(tile, m - m0);
             for (int r = 0; r < rows; ++r)
-                dequantize_row_any(qk, w, m0 + r, plain, scratch.data() + size_t(r) * k);
+                dequantize_row_any(qk, w, m0 + r, plain, scratch + size_t(r) * k);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, rows, k, 1.0f, x, k,
-                        scratch.data(), k, beta, out + m0, m);
+                        scratch, k, beta, out + m0, m);
             if (bias) {
                 for (int i = 0; i < n; ++i) {
                     float* o = out + size_t(i) * m + m0;

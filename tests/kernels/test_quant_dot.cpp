@@ -397,6 +397,47 @@ TEST_CASE("native_matmul: dot and dequantized-tile paths on each CPU path vs dou
     set_cpu_isa_override("auto");
 }
 
+TEST_CASE("native_matmul: rows wide enough that each thread takes several short tiles",
+          "[quant]") {
+    // A tile holds at most 8 MB of fp32 rows and at least 128 rows: at k = 16640 that is the
+    // 128-row floor, so 300 rows are 4 tiles of 80 on 2 threads (and the last one is not full
+    // on 1 thread: 128 + 128 + 44).
+    std::mt19937 rng(29);
+    const int m = 300, k = 16640, n = kNativeDotMaxTokens + 3;
+    const std::vector<uint8_t> w = random_rows(rng, ggml_id::q4_1, m, k);
+    const size_t rb = native_row_bytes(ggml_id::q4_1, k);
+    std::vector<float> wf(size_t(m) * k);
+    for (int r = 0; r < m; ++r)
+        dequantize_row(ggml_id::q4_1, w.data() + rb * r, wf.data() + size_t(r) * k, k);
+    const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
+    NativeMatrix nm;
+    nm.type = ggml_id::q4_1;
+    nm.rows = m;
+    nm.cols = k;
+    nm.row_bytes = rb;
+    nm.data = w.data();
+    for (const int threads : {1, 2}) {
+        auto be = make_cpu_backend(threads);
+        std::vector<float> out(size_t(n) * m, 7.0f);
+        be->matmul_native(x.data(), nm, nullptr, n, out.data(), false);
+        double worst = 0.0;
+        for (int i = 0; i < n; ++i) {
+            for (int j = 0; j < m; ++j) {
+                double ref = 0.0, s = 0.0;
+                for (int c = 0; c < k; ++c) {
+                    ref += double(wf[size_t(j) * k + c]) * x[size_t(i) * k + c];
+                    s += std::fabs(double(wf[size_t(j) * k + c]));
+                }
+                // fp32 sgemm over k terms of |x| <~ 5: rounding well under 1e-5 of the L1 sum.
+                const double tol = 1e-5 * (5.0 * s + 2.0);
+                worst = std::max(worst, std::fabs(out[size_t(i) * m + j] - ref) / tol);
+            }
+        }
+        INFO(threads << " threads, worst err/tol " << worst);
+        CHECK(worst <= 1.0);
+    }
+}
+
 TEST_CASE("native_embed: rows of a stored table as the reference dequantizes them", "[quant]") {
     std::mt19937 rng(17);
     for (const CpuIsa isa : isas()) {
