@@ -150,7 +150,16 @@ void attention_few(const AttnParams& p, int n_threads) {
     const bool in_place = kv.wide && Dp == D;  // K and V read straight from the cache rows
     const int rows = n_q * g, rows_p = round_up(rows, RB);
     const int n_seg = std::max(1, (n_kv + kSegmentKeys - 1) / kSegmentKeys);
-    const int n_tasks = Hkv * n_seg;
+    const int n_tasks = Hkv * n_seg;  // (kv head, segment) pairs: the unit of the result
+    // A unit of work is one segment for every kv head when that still leaves each thread
+    // several: a key's K (and V) row is then read once, all heads together, in cache-row order
+    // (one head at a time read a third of each row, three times over). Otherwise one unit per
+    // (kv head, segment). The arithmetic of each (kv head, segment) is the same either way.
+    const bool all_heads = n_threads <= 1 || n_seg >= 4 * n_threads;
+    const int hpu = all_heads ? Hkv : 1;  // kv heads per unit
+    const int n_units = all_heads ? n_seg : n_tasks;
+    // Consecutive heads widened with one call per key when they are contiguous in the row.
+    const bool joint_widen = !in_place && Dp == D;
 
     // Row r = t * g + gi <-> token t, query head hk * g + gi (the same for every kv head hk);
     // padding rows see no key.
@@ -166,25 +175,28 @@ void attention_few(const AttnParams& p, int n_threads) {
     std::vector<double> pl(size_t(n_tasks) * rows_p, 0.0);
     std::vector<float> po(size_t(n_tasks) * rows_p * Dp, 0.0f);
 
-#pragma omp parallel num_threads(std::min(n_threads, n_tasks)) if (n_threads > 1 && n_tasks > 1)
+#pragma omp parallel num_threads(std::min(n_threads, n_units)) if (n_threads > 1 && n_units > 1)
     {
-        std::vector<float> qb(size_t(rows_p) * Dp, 0.0f), pt(size_t(rows_p) * KT);
-        std::vector<float> kw(in_place ? 0 : size_t(KT) * Dp, 0.0f);
-        std::vector<float> vw(in_place ? 0 : size_t(KT) * Dp, 0.0f);
+        // Queries of the unit's heads (scaled); widened K/V of a tile, key j's heads at
+        // j * wstep (each head Dp floats).
+        const size_t wstep = size_t(hpu) * Dp;
+        std::vector<float> qb(size_t(hpu) * rows_p * Dp, 0.0f), pt(size_t(rows_p) * KT);
+        std::vector<float> kw(in_place ? 0 : size_t(KT) * wstep, 0.0f);
+        std::vector<float> vw(in_place ? 0 : size_t(KT) * wstep, 0.0f);
         std::vector<float> alpha(rows_p);
         alignas(64) int32_t kpos[KT];
         alignas(64) int32_t kgrp[KT];
 #pragma omp for schedule(dynamic, 1)
-        for (int task = 0; task < n_tasks; ++task) {
-            const int hk = task / n_seg, seg = task % n_seg;
-            for (int r = 0; r < rows; ++r) {
-                const float* src = p.q + (size_t(r / g) * H + hk * g + r % g) * D;
-                float* dst = qb.data() + size_t(r) * Dp;
-                for (int d = 0; d < D; ++d) dst[d] = src[d] * kv.scale;
+        for (int unit = 0; unit < n_units; ++unit) {
+            const int seg = all_heads ? unit : unit % n_seg;
+            const int h0 = all_heads ? 0 : unit / n_seg;
+            for (int hh = 0; hh < hpu; ++hh) {
+                for (int r = 0; r < rows; ++r) {
+                    const float* src = p.q + (size_t(r / g) * H + (h0 + hh) * g + r % g) * D;
+                    float* dst = qb.data() + (size_t(hh) * rows_p + r) * Dp;
+                    for (int d = 0; d < D; ++d) dst[d] = src[d] * kv.scale;
+                }
             }
-            float* m = pm.data() + size_t(task) * rows_p;
-            double* l = pl.data() + size_t(task) * rows_p;
-            float* ob = po.data() + size_t(task) * rows_p * Dp;
             const int a = seg * kSegmentKeys, b = std::min(n_kv, a + kSegmentKeys);
             for (int j0 = a; j0 < b; j0 += KT) {
                 const int nk = std::min(KT, b - j0);
@@ -200,51 +212,71 @@ void attention_few(const AttnParams& p, int n_threads) {
                 if (tmin > max_qpos) continue;  // every key after every query
                 if (!in_place) {
                     for (int j = 0; j < nk; ++j) {
-                        const size_t at =
-                            ((size_t(j0) + j) * kv.stride + size_t(hk) * D) * kv.esize;
-                        V::widen(p.kv_dtype, kv.kbase + at, D, kw.data() + size_t(j) * Dp);
-                        V::widen(p.kv_dtype, kv.vbase + at, D, vw.data() + size_t(j) * Dp);
-                    }
-                }
-                const float* k0 = in_place ? reinterpret_cast<const float*>(kv.kbase) +
-                                                 size_t(j0) * kv.stride + size_t(hk) * D
-                                           : kw.data();
-                const float* v0 = in_place ? reinterpret_cast<const float*>(kv.vbase) +
-                                                 size_t(j0) * kv.stride + size_t(hk) * D
-                                           : vw.data();
-                const size_t step = in_place ? kv.stride : size_t(Dp);
-                const bool plain = !groups && nk == KT;
-                for (int r = 0; r < rows_p; ++r) {
-                    float* prow = pt.data() + size_t(r) * KT;
-                    alpha[r] = 1.0f;
-                    if (rpos[r] < tmin) {  // nothing visible (and padding rows)
-                        std::fill(prow, prow + KT, 0.0f);
-                        continue;
-                    }
-                    const float* qr = qb.data() + size_t(r) * Dp;
-                    F sc[NV];
-                    for (int v = 0; v < NV; ++v) {
-                        F t[L];
-#pragma GCC unroll 16
-                        for (int jj = 0; jj < L; ++jj) {
-                            const int j = v * L + jj;
-                            F acc = V::zero();
-                            if (j < nk) {
-                                const float* kr = k0 + size_t(j) * step;
-                                for (int c = 0; c < Dp; c += L)
-                                    acc = V::fmadd(V::load(qr + c), V::load(kr + c), acc);
-                            }
-                            t[jj] = acc;
+                        const size_t at = ((size_t(j0) + j) * kv.stride + size_t(h0) * D) * kv.esize;
+                        if (joint_widen) {
+                            V::widen(p.kv_dtype, kv.kbase + at, hpu * D, kw.data() + j * wstep);
+                            V::widen(p.kv_dtype, kv.vbase + at, hpu * D, vw.data() + j * wstep);
+                            continue;
                         }
-                        sc[v] = V::reduce_lanes(t);
-                        if (!(plain && tmax <= rpos[r]))
-                            sc[v] = V::mask(sc[v], kpos + v * L, kgrp + v * L, rpos[r], rgrp[r],
-                                            groups);
+                        for (int hh = 0; hh < hpu; ++hh) {
+                            const size_t ah = at + size_t(hh) * D * kv.esize;
+                            float* kd = kw.data() + j * wstep + size_t(hh) * Dp;
+                            float* vd = vw.data() + j * wstep + size_t(hh) * Dp;
+                            V::widen(p.kv_dtype, kv.kbase + ah, D, kd);
+                            V::widen(p.kv_dtype, kv.vbase + ah, D, vd);
+                        }
                     }
-                    alpha[r] = softmax_tile<V>(sc, prow, m[r], l[r]);
                 }
-                for (int r0 = 0; r0 < rows_p; r0 += RB)
-                    pv_block<V>(ob, Dp, r0, alpha.data(), pt.data(), v0, step, nk);
+                const bool plain = !groups && nk == KT;
+                for (int hh = 0; hh < hpu; ++hh) {
+                    const int hk = h0 + hh, task = hk * n_seg + seg;
+                    float* m = pm.data() + size_t(task) * rows_p;
+                    double* l = pl.data() + size_t(task) * rows_p;
+                    float* ob = po.data() + size_t(task) * rows_p * Dp;
+                    const float* k0 = in_place ? reinterpret_cast<const float*>(kv.kbase) +
+                                                     size_t(j0) * kv.stride + size_t(hk) * D
+                                               : kw.data() + size_t(hh) * Dp;
+                    const float* v0 = in_place ? reinterpret_cast<const float*>(kv.vbase) +
+                                                     size_t(j0) * kv.stride + size_t(hk) * D
+                                               : vw.data() + size_t(hh) * Dp;
+                    const size_t step = in_place ? kv.stride : wstep;
+                    const float* qh = qb.data() + size_t(hh) * rows_p * Dp;
+                    for (int r = 0; r < rows_p; ++r) {
+                        float* prow = pt.data() + size_t(r) * KT;
+                        alpha[r] = 1.0f;
+                        if (rpos[r] < tmin) {  // nothing visible (and padding rows)
+                            std::fill(prow, prow + KT, 0.0f);
+                            continue;
+                        }
+                        const float* qr = qh + size_t(r) * Dp;
+                        F sc[NV];
+                        for (int v = 0; v < NV; ++v) {
+                            // L keys' dot products side by side (L independent accumulators,
+                            // each summed over the head in the same order as one at a time).
+                            // Keys past nk read row nk - 1 (in bounds); the mask drops them.
+                            const float* kr[L];
+#pragma GCC unroll 16
+                            for (int jj = 0; jj < L; ++jj)
+                                kr[jj] = k0 + size_t(std::min(v * L + jj, nk - 1)) * step;
+                            F t[L];
+#pragma GCC unroll 16
+                            for (int jj = 0; jj < L; ++jj) t[jj] = V::zero();
+                            for (int c = 0; c < Dp; c += L) {
+                                const F qv = V::load(qr + c);
+#pragma GCC unroll 16
+                                for (int jj = 0; jj < L; ++jj)
+                                    t[jj] = V::fmadd(qv, V::load(kr[jj] + c), t[jj]);
+                            }
+                            sc[v] = V::reduce_lanes(t);
+                            if (!(plain && tmax <= rpos[r]))
+                                sc[v] = V::mask(sc[v], kpos + v * L, kgrp + v * L, rpos[r],
+                                                rgrp[r], groups);
+                        }
+                        alpha[r] = softmax_tile<V>(sc, prow, m[r], l[r]);
+                    }
+                    for (int r0 = 0; r0 < rows_p; r0 += RB)
+                        pv_block<V>(ob, Dp, r0, alpha.data(), pt.data(), v0, step, nk);
+                }
             }
         }
     }

@@ -955,6 +955,11 @@ TEST_CASE("ops: attention, each CPU ISA path x KV dtype, random shapes", "[ops]"
             c.n_kv = 517;
             c.pos = PosMode::decode;
             check_attention_case(*be, c);
+            // A decode row over 9 key segments on 2 threads: each unit of work takes one
+            // segment for all kv heads, as one thread always does.
+            c.n_kv = 2100;
+            c.threads = 2;
+            check_attention_case(*be, c);
         }
     }
     CHECK(total_empty > 0);  // rows with no visible key were exercised
