@@ -52,6 +52,13 @@ struct Avx2 {
         }
         return _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(hidden));
     }
+    static F load_f16(const uint16_t* h) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+    }
+    static F load_bf16(const uint16_t* h) {
+        const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+    }
     static void widen(KvDtype t, const void* src, int n, float* dst) {
         detail::widen_row_avx2(t, src, n, dst);
     }

@@ -69,6 +69,13 @@ struct Avx512 {
         }
         return _mm512_mask_blend_ps(vis, _mm512_set1_ps(-INFINITY), s);
     }
+    static F load_f16(const uint16_t* h) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+    }
+    static F load_bf16(const uint16_t* h) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+    }
     static void widen(KvDtype t, const void* src, int n, float* dst) {
         detail::widen_row_avx512(t, src, n, dst);
     }

@@ -4,13 +4,15 @@
 //   F (vector of L floats), L, NV (vectors per key tile: the tile is KT = L * NV keys, a whole
 //   score row of a tile lives in NV registers), RB (query rows per register block), DV (output
 //   vectors per P·V register block), zero/set1/load/store/fmadd/add/sub/mul, exp (of x <= 0),
-//   hmax/hsum, mask (scores of invisible keys to -inf) and widen (a row of K/V to fp32).
+//   hmax/hsum, mask (scores of invisible keys to -inf), widen (a row of K/V to fp32) and
+//   load_f16/load_bf16 (L 16-bit values widened in a register).
 #pragma once
 
 #include <omp.h>
 
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 #include <cmath>
 #include <vector>
 
@@ -72,11 +74,27 @@ inline float softmax_tile(const typename V::F* sc, float* prow, float& m, double
     return alpha;
 }
 
+// How a row of K or V is read: L elements from element c of a row given by its first byte,
+// stored as fp32 (kKind 0), f16 (1) or bf16 (2); the 16-bit kinds are widened in registers.
+template <class V, int kKind>
+struct RowLoad {
+    static typename V::F at(const char* row, int c) {
+        if constexpr (kKind == 0) {
+            return V::load(reinterpret_cast<const float*>(row) + c);
+        } else if constexpr (kKind == 1) {
+            return V::load_f16(reinterpret_cast<const uint16_t*>(row) + c);
+        } else {
+            return V::load_bf16(reinterpret_cast<const uint16_t*>(row) + c);
+        }
+    }
+};
+
 // Output rows r0..r0+RB-1 (ob, Dp floats a row): o = alpha * o + P V over the tile's nk keys,
-// P row r at pt + r * KT, V row j at v0 + j * vstep; DV output vectors at a time.
-template <class V>
-inline void pv_block(float* ob, int Dp, int r0, const float* alpha, const float* pt,
-                     const float* v0, size_t vstep, int nk) {
+// P row r at pt + r * KT, V row j at v0 + j * vstep bytes (read by RowLoad<V, kKind>); DV output
+// vectors at a time.
+template <class V, int kKind>
+inline void pv_block_rows(float* ob, int Dp, int r0, const float* alpha, const float* pt,
+                          const char* v0, size_t vstep, int nk) {
     using F = typename V::F;
     constexpr int L = V::L, KT = V::L * V::NV, RB = V::RB, DV = V::DV;
     for (int dc = 0; dc < Dp; dc += DV * L) {
@@ -89,10 +107,10 @@ inline void pv_block(float* ob, int Dp, int r0, const float* alpha, const float*
                 o[r][v] = V::mul(a, V::load(ob + size_t(r0 + r) * Dp + dc + v * L));
         }
         for (int j = 0; j < nk; ++j) {
-            const float* vj = v0 + size_t(j) * vstep + dc;
+            const char* vj = v0 + size_t(j) * vstep;
             F vv[DV];
 #pragma GCC unroll 16
-            for (int v = 0; v < DV; ++v) vv[v] = V::load(vj + v * L);
+            for (int v = 0; v < DV; ++v) vv[v] = RowLoad<V, kKind>::at(vj, dc + v * L);
 #pragma GCC unroll 16
             for (int r = 0; r < RB; ++r) {
                 const F b = V::set1(pt[size_t(r0 + r) * KT + j]);
@@ -105,6 +123,14 @@ inline void pv_block(float* ob, int Dp, int r0, const float* alpha, const float*
 #pragma GCC unroll 16
             for (int v = 0; v < DV; ++v) V::store(ob + size_t(r0 + r) * Dp + dc + v * L, o[r][v]);
     }
+}
+
+// pv_block_rows over fp32 rows vstep floats apart.
+template <class V>
+inline void pv_block(float* ob, int Dp, int r0, const float* alpha, const float* pt,
+                     const float* v0, size_t vstep, int nk) {
+    pv_block_rows<V, 0>(ob, Dp, r0, alpha, pt, reinterpret_cast<const char*>(v0),
+                        vstep * sizeof(float), nk);
 }
 
 // How both paths address the K/V cache: fp32 or 16-bit rows `stride` elements apart, head hk
@@ -137,29 +163,75 @@ inline KvView kv_view(const AttnParams& p) {
 constexpr int kFewRows = 16;
 constexpr int kSegmentKeys = 256;
 
+// One kv head's step over one key tile in attention_few: rows_p query rows (qh, Dp floats a
+// row, scaled), keys' K/V rows at k0/v0 + j * step bytes read by RowLoad<V, kKind>; updates the
+// rows' running maxima m, normalizers l and outputs ob.
+template <class V, int kKind>
+void few_head_tile(const float* qh, int rows_p, int Dp, const int32_t* rpos, const int32_t* rgrp,
+                   const int32_t* kpos, const int32_t* kgrp, int32_t tmin, int32_t tmax,
+                   bool plain, bool groups, const char* k0, const char* v0, size_t step, int nk,
+                   float* pt, float* alpha, float* m, double* l, float* ob) {
+    using F = typename V::F;
+    constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB;
+    for (int r = 0; r < rows_p; ++r) {
+        float* prow = pt + size_t(r) * KT;
+        alpha[r] = 1.0f;
+        if (rpos[r] < tmin) {  // nothing visible (and padding rows)
+            std::fill(prow, prow + KT, 0.0f);
+            continue;
+        }
+        const float* qr = qh + size_t(r) * Dp;
+        F sc[NV];
+        for (int v = 0; v < NV; ++v) {
+            // L keys' dot products side by side (L independent accumulators, each summed over
+            // the head in the same order as one at a time). Keys past nk read row nk - 1 (in
+            // bounds); the mask drops them.
+            const char* kr[L];
+#pragma GCC unroll 16
+            for (int jj = 0; jj < L; ++jj) kr[jj] = k0 + size_t(std::min(v * L + jj, nk - 1)) * step;
+            F t[L];
+#pragma GCC unroll 16
+            for (int jj = 0; jj < L; ++jj) t[jj] = V::zero();
+            for (int c = 0; c < Dp; c += L) {
+                const F qv = V::load(qr + c);
+#pragma GCC unroll 16
+                for (int jj = 0; jj < L; ++jj)
+                    t[jj] = V::fmadd(qv, RowLoad<V, kKind>::at(kr[jj], c), t[jj]);
+            }
+            sc[v] = V::reduce_lanes(t);
+            if (!(plain && tmax <= rpos[r]))
+                sc[v] = V::mask(sc[v], kpos + v * L, kgrp + v * L, rpos[r], rgrp[r], groups);
+        }
+        alpha[r] = softmax_tile<V>(sc, prow, m[r], l[r]);
+    }
+    for (int r0 = 0; r0 < rows_p; r0 += RB)
+        pv_block_rows<V, kKind>(ob, Dp, r0, alpha, pt, v0, step, nk);
+}
+
 template <class V>
 void attention_few(const AttnParams& p, int n_threads) {
-    using F = typename V::F;
-    constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB, DV = V::DV;
+    constexpr int L = V::L, KT = L * V::NV, RB = V::RB, DV = V::DV;
     static_assert(kSegmentKeys % KT == 0, "segments are whole key tiles");
     const int D = p.head_dim, H = p.n_head, Hkv = p.n_head_kv, g = H / Hkv;
     const KvView kv = kv_view(p);  // a plain struct: OpenMP regions capture it
     const int n_q = p.n_q, n_kv = p.n_kv;
     const bool groups = p.k_group != nullptr;
     const int Dp = round_up(D, L * DV);
-    const bool in_place = kv.wide && Dp == D;  // K and V read straight from the cache rows
+    // K and V read straight from the cache rows (16-bit ones widened in registers) when the
+    // head width needs no padding; else each tile's rows are widened into zero-padded scratch.
+    const bool in_place = Dp == D;
+    const int kind = !in_place || kv.wide ? 0 : p.kv_dtype == KvDtype::f16 ? 1 : 2;
     const int rows = n_q * g, rows_p = round_up(rows, RB);
     const int n_seg = std::max(1, (n_kv + kSegmentKeys - 1) / kSegmentKeys);
     const int n_tasks = Hkv * n_seg;  // (kv head, segment) pairs: the unit of the result
     // A unit of work is one segment for every kv head when that still leaves each thread
-    // several: a key's K (and V) row is then read once, all heads together, in cache-row order
-    // (one head at a time read a third of each row, three times over). Otherwise one unit per
-    // (kv head, segment). The arithmetic of each (kv head, segment) is the same either way.
+    // several: a key tile's K/V rows then come from memory once for all the heads, which read
+    // them one after the other from cache (one head per unit streamed a third of each row, and
+    // the cache three times over). Otherwise one unit per (kv head, segment). The arithmetic of
+    // each (kv head, segment) is the same either way.
     const bool all_heads = n_threads <= 1 || n_seg >= 4 * n_threads;
     const int hpu = all_heads ? Hkv : 1;  // kv heads per unit
     const int n_units = all_heads ? n_seg : n_tasks;
-    // Consecutive heads widened with one call per key when they are contiguous in the row.
-    const bool joint_widen = !in_place && Dp == D;
 
     // Row r = t * g + gi <-> token t, query head hk * g + gi (the same for every kv head hk);
     // padding rows see no key.
@@ -213,11 +285,6 @@ void attention_few(const AttnParams& p, int n_threads) {
                 if (!in_place) {
                     for (int j = 0; j < nk; ++j) {
                         const size_t at = ((size_t(j0) + j) * kv.stride + size_t(h0) * D) * kv.esize;
-                        if (joint_widen) {
-                            V::widen(p.kv_dtype, kv.kbase + at, hpu * D, kw.data() + j * wstep);
-                            V::widen(p.kv_dtype, kv.vbase + at, hpu * D, vw.data() + j * wstep);
-                            continue;
-                        }
                         for (int hh = 0; hh < hpu; ++hh) {
                             const size_t ah = at + size_t(hh) * D * kv.esize;
                             float* kd = kw.data() + j * wstep + size_t(hh) * Dp;
@@ -233,49 +300,25 @@ void attention_few(const AttnParams& p, int n_threads) {
                     float* m = pm.data() + size_t(task) * rows_p;
                     double* l = pl.data() + size_t(task) * rows_p;
                     float* ob = po.data() + size_t(task) * rows_p * Dp;
-                    const float* k0 = in_place ? reinterpret_cast<const float*>(kv.kbase) +
-                                                     size_t(j0) * kv.stride + size_t(hk) * D
-                                               : kw.data() + size_t(hh) * Dp;
-                    const float* v0 = in_place ? reinterpret_cast<const float*>(kv.vbase) +
-                                                     size_t(j0) * kv.stride + size_t(hk) * D
-                                               : vw.data() + size_t(hh) * Dp;
-                    const size_t step = in_place ? kv.stride : wstep;
+                    const size_t at = (size_t(j0) * kv.stride + size_t(hk) * D) * kv.esize;
+                    const char* k0 = in_place ? kv.kbase + at
+                                              : reinterpret_cast<const char*>(kw.data() + hh * Dp);
+                    const char* v0 = in_place ? kv.vbase + at
+                                              : reinterpret_cast<const char*>(vw.data() + hh * Dp);
+                    const size_t step = in_place ? kv.stride * kv.esize : wstep * sizeof(float);
                     const float* qh = qb.data() + size_t(hh) * rows_p * Dp;
-                    for (int r = 0; r < rows_p; ++r) {
-                        float* prow = pt.data() + size_t(r) * KT;
-                        alpha[r] = 1.0f;
-                        if (rpos[r] < tmin) {  // nothing visible (and padding rows)
-                            std::fill(prow, prow + KT, 0.0f);
-                            continue;
-                        }
-                        const float* qr = qh + size_t(r) * Dp;
-                        F sc[NV];
-                        for (int v = 0; v < NV; ++v) {
-                            // L keys' dot products side by side (L independent accumulators,
-                            // each summed over the head in the same order as one at a time).
-                            // Keys past nk read row nk - 1 (in bounds); the mask drops them.
-                            const float* kr[L];
-#pragma GCC unroll 16
-                            for (int jj = 0; jj < L; ++jj)
-                                kr[jj] = k0 + size_t(std::min(v * L + jj, nk - 1)) * step;
-                            F t[L];
-#pragma GCC unroll 16
-                            for (int jj = 0; jj < L; ++jj) t[jj] = V::zero();
-                            for (int c = 0; c < Dp; c += L) {
-                                const F qv = V::load(qr + c);
-#pragma GCC unroll 16
-                                for (int jj = 0; jj < L; ++jj)
-                                    t[jj] = V::fmadd(qv, V::load(kr[jj] + c), t[jj]);
-                            }
-                            sc[v] = V::reduce_lanes(t);
-                            if (!(plain && tmax <= rpos[r]))
-                                sc[v] = V::mask(sc[v], kpos + v * L, kgrp + v * L, rpos[r],
-                                                rgrp[r], groups);
-                        }
-                        alpha[r] = softmax_tile<V>(sc, prow, m[r], l[r]);
+                    auto run = [&](auto kind_c) {
+                        few_head_tile<V, decltype(kind_c)::value>(
+                            qh, rows_p, Dp, rpos.data(), rgrp.data(), kpos, kgrp, tmin, tmax,
+                            plain, groups, k0, v0, step, nk, pt.data(), alpha.data(), m, l, ob);
+                    };
+                    if (kind == 1) {
+                        run(std::integral_constant<int, 1>{});
+                    } else if (kind == 2) {
+                        run(std::integral_constant<int, 2>{});
+                    } else {
+                        run(std::integral_constant<int, 0>{});
                     }
-                    for (int r0 = 0; r0 < rows_p; r0 += RB)
-                        pv_block<V>(ob, Dp, r0, alpha.data(), pt.data(), v0, step, nk);
                 }
             }
         }

@@ -4,7 +4,8 @@
 //    Q8Block (F16/BF16/F32 weights take fp32 x), then fused stored-type dot products, output
 //    rows split over the threads;
 //  - larger n (prefill, recompute): each thread dequantizes one tile of weight rows at a time
-//    into its own fp32 scratch and multiplies it with a single-threaded sgemm.
+//    (up to 8 MB of fp32: a whole SmolLM2 matrix, or its share of one per thread) into its own
+//    fp32 scratch, kept between calls, and multiplies it with a single-threaded sgemm.
 #pragma once
 
 #include <cstdint>
