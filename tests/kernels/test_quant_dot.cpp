@@ -113,6 +113,17 @@ std::vector<int64_t> lengths(uint32_t type) {
     return {32, 96, 224, 576, 1536};
 }
 
+// A plain (not row-grouped) NativeMatrix over `rows` stored rows of k elements.
+NativeMatrix plain_matrix(uint32_t type, int rows, int64_t k, const uint8_t* data) {
+    NativeMatrix nm;
+    nm.type = type;
+    nm.rows = rows;
+    nm.cols = k;
+    nm.row_bytes = native_row_bytes(type, k);
+    nm.data = data;
+    return nm;
+}
+
 }  // namespace
 
 TEST_CASE("dequantize: each stored type on each CPU path matches the reference", "[quant]") {
@@ -410,12 +421,7 @@ TEST_CASE("native_matmul: rows wide enough that each thread takes several short 
     for (int r = 0; r < m; ++r)
         dequantize_row(ggml_id::q4_1, w.data() + rb * r, wf.data() + size_t(r) * k, k);
     const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
-    NativeMatrix nm;
-    nm.type = ggml_id::q4_1;
-    nm.rows = m;
-    nm.cols = k;
-    nm.row_bytes = rb;
-    nm.data = w.data();
+    const NativeMatrix nm = plain_matrix(ggml_id::q4_1, m, k, w.data());
     for (const int threads : {1, 2}) {
         auto be = make_cpu_backend(threads);
         std::vector<float> out(size_t(n) * m, 7.0f);
@@ -445,12 +451,7 @@ TEST_CASE("native_embed: rows of a stored table as the reference dequantizes the
         const int rows = 50, k = 64;
         const std::vector<uint8_t> t = random_rows(rng, ggml_id::q8_0, rows, k);
         const size_t rb = native_row_bytes(ggml_id::q8_0, k);
-        NativeMatrix nm;
-        nm.type = ggml_id::q8_0;
-        nm.rows = rows;
-        nm.cols = k;
-        nm.row_bytes = rb;
-        nm.data = t.data();
+        NativeMatrix nm = plain_matrix(ggml_id::q8_0, rows, k, t.data());
         const std::vector<int32_t> ids = {0, 49, 7, 7};
         std::vector<float> out(ids.size() * k);
         native_embed(nm, ids.data(), int(ids.size()), out.data());
