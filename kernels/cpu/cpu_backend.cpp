@@ -97,12 +97,17 @@ class CpuBackend final : public Backend {
         for (int i = 0; i < n; ++i) {
             const float* xi = x + size_t(i) * d;
             float* oi = out + size_t(i) * d;
-            double ss = 0.0;
-            // Vector lanes of double partial sums (a serial double sum does not vectorize).
-#pragma omp simd reduction(+ : ss)
-            for (int j = 0; j < d; ++j) ss += double(xi[j]) * xi[j];
+            // Eight double partial sums, added pairwise: a serial double sum does not
+            // vectorize, and a fixed order gives the same bits with every compiler.
+            double part[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+            int j = 0;
+            for (; j + 8 <= d; j += 8)
+                for (int u = 0; u < 8; ++u) part[u] += double(xi[j + u]) * xi[j + u];
+            for (; j < d; ++j) part[0] += double(xi[j]) * xi[j];
+            const double ss = ((part[0] + part[1]) + (part[2] + part[3])) +
+                              ((part[4] + part[5]) + (part[6] + part[7]));
             const float r = 1.0f / std::sqrt(float(ss / d) + eps);
-            for (int j = 0; j < d; ++j) oi[j] = w[j] * (xi[j] * r);
+            for (int c = 0; c < d; ++c) oi[c] = w[c] * (xi[c] * r);
         }
     }
 
