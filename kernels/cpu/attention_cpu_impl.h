@@ -12,8 +12,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <type_traits>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/backend.h"
