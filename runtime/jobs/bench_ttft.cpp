@@ -164,6 +164,9 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             std::vector<std::vector<double>> rec_busy;
             double model_planned = 0.0, model_owned = 0.0;
             int rec_moved = 0;
+            // Distributed runs: each phase's time and time waited in collectives, per rank (the
+            // straggler of one phase shows up as the others' wait at the next collective).
+            std::map<std::string, std::vector<std::vector<double>>> rank_ms, rank_wait;
             EmulatedTiming timing;
             for (int run = 0; run < base.bench.warmup + base.bench.runs; ++run) {
                 comm.barrier();
@@ -205,6 +208,19 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                     }
                     most = std::max(most, sent);
                     all += sent;
+                }
+                if (!emulate && r.ranks > 1) {
+                    for (const auto& per_rank : r.phases_per_rank) {
+                        if (per_rank.empty()) continue;
+                        auto& ms = rank_ms[per_rank[0].name];
+                        auto& wait = rank_wait[per_rank[0].name];
+                        ms.resize(per_rank.size());
+                        wait.resize(per_rank.size());
+                        for (size_t q = 0; q < per_rank.size(); ++q) {
+                            ms[q].push_back(per_rank[q].ms);
+                            wait[q].push_back(per_rank[q].wait_ms);
+                        }
+                    }
                 }
                 bytes_per_layer = most / mc.n_layer;
                 bytes_per_layer_mean = r.ranks > 0 ? all / r.ranks / mc.n_layer : 0.0;
@@ -265,6 +281,17 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             json phases = json::object();
             for (const auto& name : phase_order) phases[name] = median(phase_ms[name]);
             row["phases_ms"] = phases;
+            if (!rank_ms.empty()) {
+                json per_rank = json::array();  // in phase order
+                for (const auto& name : phase_order) {
+                    if (!rank_ms.count(name)) continue;
+                    json ms = json::array(), wait = json::array();
+                    for (const auto& x : rank_ms[name]) ms.push_back(median(x));
+                    for (const auto& x : rank_wait[name]) wait.push_back(median(x));
+                    per_rank.push_back({{"phase", name}, {"ms", ms}, {"wait_ms", wait}});
+                }
+                row["phases_per_rank"] = per_rank;
+            }
             if (!rec_ratio.empty()) {
                 // The run with the median ratio, whole (its busy times belong to it).
                 std::vector<size_t> idx(rec_ratio.size());
@@ -357,6 +384,27 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                 row["tokens"].get<int>(), row["method"].get<std::string>().c_str(),
                 rc["wall_ms"].get<double>(), busy.c_str(), rc["ideal_ms"].get<double>(),
                 rc["vs_ideal"].get<double>(), model.c_str());
+        }
+        for (const json& row : rows) {
+            if (!row.contains("phases_per_rank")) continue;
+            std::string line;
+            for (const json& ph : row["phases_per_rank"]) {
+                const std::string name = ph["phase"].get<std::string>();
+                if (name == "decode") continue;  // not part of the TTFT
+                line += name + " [";
+                const json& ms = ph["ms"];
+                const json& wait = ph["wait_ms"];
+                for (size_t q = 0; q < ms.size(); ++q) {
+                    char buf[64];
+                    std::snprintf(buf, sizeof buf, "%s%.0f/%.0f", q ? " " : "",
+                                  ms[q].get<double>(), wait[q].get<double>());
+                    line += buf;
+                }
+                line += "]; ";
+            }
+            std::printf("per rank  %6d %-16s phase [ms/waited ms, rank 0 1 ...]: %s\n",
+                        row["tokens"].get<int>(), row["method"].get<std::string>().c_str(),
+                        line.c_str());
         }
         if (n_noisy > 0) {
             std::printf(

@@ -223,6 +223,22 @@ assert abs(total - 1.0) < 1e-4, total
 assert max(range(len(lp)), key=lp.__getitem__) == a["answer"]["token_ids"][0]
 print("ok: logits file", len(lp), "log-probs, softmax sum", total)
 PY
+    # bench-ttft on 2 ranks: each distributed row has every phase of phases_ms per rank (in the
+    # order they ran: the shard or ring prefill first), each rank's wait within its phase.
+    python3 - "$tmp/bench.json" <<'PY' || exit 1
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+dist = [r for r in rows if r["ranks"] == 2]
+assert dist and all("phases_per_rank" not in r for r in rows if r["ranks"] == 1), rows
+for r in dist:
+    per = r["phases_per_rank"]
+    assert sorted(p["phase"] for p in per) == sorted(r["phases_ms"]), (per, r["phases_ms"])
+    assert per[0]["phase"] in ("shard_prefill", "ring_prefill"), per
+    for p in per:
+        assert len(p["ms"]) == 2 and len(p["wait_ms"]) == 2, p
+        assert all(w <= m + 1e-6 for m, w in zip(p["ms"], p["wait_ms"])), p
+print("ok: bench-ttft per-rank phases of", len(dist), "distributed rows")
+PY
     python3 "$root/tests/cli/validate_result.py" "$schema" --rows niah "$tmp/niah.jsonl" || exit 1
     python3 "$root/tests/cli/validate_result.py" "$schema" --rows eval "$tmp/eval.jsonl" || exit 1
     # Provenance names this build and this model file.
