@@ -112,10 +112,16 @@ done
 
 python3 - "$raw" "$rounds" "$kv" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)" \
     "$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_vnni|avx512_bf16)$' | xargs)" \
+    "$(lscpu 2>/dev/null | sed -n 's/^\(L[23]\) cache: *\(.*\)/\1 \2/p' | paste -sd, - | sed 's/,/, /g')" \
     <<'PY' | tee ${out:+"$out"}
 import json, statistics, sys
 from collections import defaultdict
-raw, rounds, kv, cpu, flags = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+raw, rounds, kv, cpu, flags, caches = sys.argv[1:7]
+rounds = int(rounds)
+# The cache sizes go with the CPU line: whether a token's weights (~100 MB) stay in the last-level
+# cache or stream from memory changes decode speed, and the model name alone does not say it.
+if caches:
+    flags = f"{flags}; {caches}"
 cells = defaultdict(list)
 for line in open(raw):
     kind, n, t, who, variant, v = line.split()
