@@ -42,10 +42,23 @@ ScoreColumns score_columns(const Shard& sh, Config::Layout layout, bool global_s
     return sc;
 }
 
-// InfoFlow's scores of all T context tokens (§3.3), the same on every rank.
+// Whether the shard's cache, from slot `key_begin` on, holds exactly the scoring columns (the
+// `global` layout: keys at their global positions, in the same order) and has room for the rows.
+bool shard_cache_scores(const KvCache& cache, int key_begin, const ScoreColumns& sc, int n_rows) {
+    const int n_cols = int(sc.key_pos.size());
+    if (cache.size() - key_begin != n_cols || cache.capacity() - cache.size() < n_rows) {
+        return false;
+    }
+    return std::equal(sc.key_pos.begin(), sc.key_pos.end(), cache.pos().begin() + key_begin);
+}
+
+// InfoFlow's scores of all T context tokens (§3.3), the same on every rank. In the `global`
+// layout the shard's cache already holds the columns at their scoring positions: the rows attend
+// over it directly (their K/V appended for the scoring pass, dropped after). Other layouts
+// assemble a scoring cache of the first max_layer + 1 layers from the chunks.
 std::vector<double> score_sp(Model& model, Communicator& comm, const Shard& sh,
-                             const std::vector<int32_t>& rows, const ScoreOptions& opt,
-                             bool global_softmax) {
+                             KvCache& shard_cache, const std::vector<int32_t>& rows,
+                             const ScoreOptions& opt, bool global_softmax) {
     const ModelConfig& c = model.config();
     Backend& be = model.backend();
     const int n = int(rows.size());
@@ -53,8 +66,16 @@ std::vector<double> score_sp(Model& model, Communicator& comm, const Shard& sh,
     const ScoreColumns sc = score_columns(sh, opt.layout, global_softmax);
     const bool store_rows = !global_softmax || sh.rank == 0;
     const int n_cols = int(sc.key_pos.size());
-    KvCache cache = model.make_cache(n_cols + n);
-    assemble_cache(model, sh.chunks, sc.order, sc.key_pos, nullptr, cache, max_layer + 1);
+    const int shard_begin = global_softmax && sh.rank != 0 ? sh.c0 : 0;
+    const bool reuse = shard_cache_scores(shard_cache, shard_begin, sc, store_rows ? n : 0);
+    std::unique_ptr<KvCache> own;
+    if (!reuse) {
+        own = std::make_unique<KvCache>(model.make_cache(n_cols + n));
+        assemble_cache(model, sh.chunks, sc.order, sc.key_pos, nullptr, *own, max_layer + 1);
+    }
+    KvCache& cache = reuse ? shard_cache : *own;
+    const int key_begin = reuse ? shard_begin : 0;
+    const int restore_size = cache.size();
     std::vector<int32_t> pos(n), slots(n);
     for (int i = 0; i < n; ++i) pos[i] = sc.row_start + i;
     if (store_rows) {
@@ -72,10 +93,10 @@ std::vector<double> score_sp(Model& model, Communicator& comm, const Shard& sh,
         be.upload(col.data(), host_col.data(), host_col.size() * sizeof(float));
         ScoreParams sp;
         sp.q = q;
-        cache.score_k(l, 0, sp);
+        cache.score_k(l, key_begin, sp);
         sp.lse = lse;
         sp.q_pos = pos.data();
-        sp.k_pos = cache.pos_data();
+        sp.k_pos = cache.pos_data() + key_begin;
         sp.n_q = n;
         sp.n_cols = n_cols;
         sp.n_head = c.n_head;
@@ -95,8 +116,9 @@ std::vector<double> score_sp(Model& model, Communicator& comm, const Shard& sh,
     Buffer hidden = be.alloc_floats(size_t(n) * c.n_embd);
     model.embed(rows.data(), n, hidden.data());
     const std::unique_ptr<Communicator> self = global_softmax ? nullptr : make_self_communicator();
-    forward_replicated(model, global_softmax ? comm : *self, cache, 0, hidden.data(), n, pos.data(),
-                       store_rows ? slots.data() : nullptr, max_layer + 1, on_layer);
+    forward_replicated(model, global_softmax ? comm : *self, cache, key_begin, hidden.data(), n,
+                       pos.data(), store_rows ? slots.data() : nullptr, max_layer + 1, on_layer);
+    cache.truncate(restore_size);  // the rows' K/V were for scoring only
     if (!opt.aggregate_sum) {
         for (double& x : total) x /= double(opt.layers.size());
     }
@@ -170,7 +192,7 @@ SpSelection score_and_select(Model& model, Communicator& comm, const PreparedReq
         case Config::Method::infoflow:
             if (in.k_budget > 0) {
                 const std::vector<double> score =
-                    score_sp(model, comm, sh, scoring_rows(req, cfg.scoring.query),
+                    score_sp(model, comm, sh, cache, scoring_rows(req, cfg.scoring.query),
                              score_options(cfg, model.config().n_layer),
                              cfg.scoring.softmax == Config::Softmax::global);
                 s.selected = select_top_k(score, sh.gpos, in.eligible, in.k_budget);
