@@ -5,35 +5,132 @@
 
 namespace infoflow {
 
-ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id) {
-    const ModelConfig& c = model.config();
-    Backend& be = model.backend();
-    const int lead = sink_id >= 0 ? 1 : 0;
-    const int n = int(tokens.size());
-    std::vector<int32_t> seq;
-    if (lead) seq.push_back(sink_id);
-    seq.insert(seq.end(), tokens.begin(), tokens.end());
-    std::vector<int32_t> pos(seq.size());
-    for (size_t i = 0; i < seq.size(); ++i) pos[i] = int32_t(i);
+namespace {
 
+// [sink] + tokens at positions 0.., and the chunk's own positions (after the sink).
+struct ChunkSequence {
+    int lead = 0;
+    std::vector<int32_t> seq, pos;
+};
+
+ChunkSequence chunk_sequence(const std::vector<int32_t>& tokens, int32_t sink_id) {
+    ChunkSequence cs;
+    cs.lead = sink_id >= 0 ? 1 : 0;
+    if (cs.lead) cs.seq.push_back(sink_id);
+    cs.seq.insert(cs.seq.end(), tokens.begin(), tokens.end());
+    cs.pos.resize(cs.seq.size());
+    for (size_t i = 0; i < cs.seq.size(); ++i) cs.pos[i] = int32_t(i);
+    return cs;
+}
+
+ChunkKv chunk_shadow(const std::vector<int32_t>& tokens, const ChunkSequence& cs, KvDtype dtype) {
     ChunkKv out;
     out.tokens = tokens;
-    out.local_pos.assign(pos.begin() + lead, pos.end());
-    if (n == 0) return out;
-    KvCache cache = model.make_cache(int(seq.size()));
-    const int first = cache.append(int(seq.size()), pos.data(), nullptr);
-    std::vector<int32_t> slots(seq.size());
-    for (size_t i = 0; i < seq.size(); ++i) slots[i] = first + int32_t(i);
-    Buffer hidden = be.alloc_floats(seq.size() * size_t(c.n_embd));
-    model.embed(seq.data(), int(seq.size()), hidden.data());
-    out.dtype = cache.dtype();
+    out.local_pos.assign(cs.pos.begin() + cs.lead, cs.pos.end());
+    out.dtype = dtype;
+    return out;
+}
+
+// Runs the chunk's sequence through every layer in `cache` (cleared first); after layer l,
+// `layer_done(l)` sees the layer's K/V in slots [lead, lead + n).
+template <typename LayerDone>
+void run_chunk(Model& model, const ChunkSequence& cs, KvCache& cache, LayerDone&& layer_done) {
+    const ModelConfig& c = model.config();
+    Backend& be = model.backend();
+    const int m = int(cs.seq.size());
+    IF_CHECK(cache.capacity() >= m,
+             "chunk prefill: a scratch cache of " << cache.capacity() << " slots for " << m);
+    cache.clear();
+    const int first = cache.append(m, cs.pos.data(), nullptr);
+    std::vector<int32_t> slots(m);
+    for (int i = 0; i < m; ++i) slots[i] = first + i;
+    Buffer hidden = be.alloc_floats(size_t(m) * c.n_embd);
+    model.embed(cs.seq.data(), m, hidden.data());
     for (int l = 0; l < c.n_layer; ++l) {
-        model.layer_forward(l, hidden.data(), int(seq.size()), pos.data(), nullptr, slots.data(),
-                            cache);
+        model.layer_forward(l, hidden.data(), m, cs.pos.data(), nullptr, slots.data(), cache);
+        layer_done(l);
+    }
+}
+
+// Writes one layer of n rows (K post-RoPE at their local positions, both in the cache's type)
+// to cache slots [first, first + n), each key re-rotated by its delta (target - local position)
+// on the way in, so the cache only ever receives finished rows (16-bit keys: widened, rotated
+// in fp32, rounded once more). Its scratch is kept across calls.
+class LayerPlacer {
+  public:
+    void place(Model& model, KvCache& cache, int l, int first, int n, const void* k,
+               const void* v, const int32_t* delta, bool rotate) {
+        if (!rotate) {
+            cache.write_range_raw(l, first, n, k, v);
+            return;
+        }
+        Backend& be = model.backend();
+        const size_t elems = size_t(n) * cache.row();
+        const bool wide = cache.dtype() == KvDtype::f32;
+        if (rotated_.bytes() < elems * sizeof(float)) rotated_ = be.alloc_floats(elems);
+        if (wide) {
+            be.copy(rotated_.data(), static_cast<const float*>(k), elems * sizeof(float));
+        } else {  // 16-bit KV lives on the CPU backend: host memory
+            kv_widen(cache.dtype(), k, elems, rotated_.data());
+        }
+        model.rerotate_keys(rotated_.data(), n, delta);
+        if (wide) {
+            cache.write_range(l, first, n, rotated_.data(), static_cast<const float*>(v));
+        } else {
+            narrow_k_.resize(elems);
+            kv_narrow(cache.dtype(), rotated_.data(), elems, narrow_k_.data());
+            cache.write_range_raw(l, first, n, narrow_k_.data(), v);
+        }
+    }
+
+  private:
+    Buffer rotated_;                  // [n, row] the keys at their target positions
+    std::vector<uint16_t> narrow_k_;  // the same rounded back to a 16-bit KV type
+};
+
+}  // namespace
+
+ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id) {
+    Backend& be = model.backend();
+    const ChunkSequence cs = chunk_sequence(tokens, sink_id);
+    const int n = int(tokens.size());
+    if (n == 0) return chunk_shadow(tokens, cs, KvDtype::f32);
+    KvCache cache = model.make_cache(int(cs.seq.size()));
+    ChunkKv out = chunk_shadow(tokens, cs, cache.dtype());
+    run_chunk(model, cs, cache, [&](int l) {
         out.k.push_back(be.alloc(size_t(n) * cache.row_bytes()));
         out.v.push_back(be.alloc(size_t(n) * cache.row_bytes()));
-        cache.read_range_raw(l, lead, n, out.k[l].data(), out.v[l].data());
+        cache.read_range_raw(l, cs.lead, n, out.k[l].data(), out.v[l].data());
+    });
+    return out;
+}
+
+ChunkKv prefill_chunk_into(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id,
+                           KvCache& scratch, KvCache& dest, int dest_first) {
+    Backend& be = model.backend();
+    const ChunkSequence cs = chunk_sequence(tokens, sink_id);
+    const int n = int(tokens.size());
+    ChunkKv out = chunk_shadow(tokens, cs, dest.dtype());
+    if (n == 0) return out;
+    IF_CHECK(scratch.dtype() == dest.dtype(), "prefill_chunk_into: a "
+                                                  << kv_dtype_name(scratch.dtype())
+                                                  << " scratch cache for a "
+                                                  << kv_dtype_name(dest.dtype()) << " cache");
+    IF_CHECK(dest_first >= 0 && dest_first + n <= dest.size(),
+             "prefill_chunk_into: slots [" << dest_first << ", " << dest_first + n
+                                           << ") outside the " << dest.size() << " appended");
+    std::vector<int32_t> delta(n);
+    bool rotate = false;
+    for (int i = 0; i < n; ++i) {
+        delta[i] = dest.pos()[dest_first + i] - out.local_pos[i];
+        rotate = rotate || delta[i] != 0;
     }
+    Buffer k = be.alloc(size_t(n) * dest.row_bytes()), v = be.alloc(size_t(n) * dest.row_bytes());
+    LayerPlacer placer;
+    run_chunk(model, cs, scratch, [&](int l) {
+        scratch.read_range_raw(l, cs.lead, n, k.data(), v.data());
+        placer.place(model, dest, l, dest_first, n, k.data(), v.data(), delta.data(), rotate);
+    });
     return out;
 }
 
@@ -56,7 +153,6 @@ namespace {
 void assemble(Model& model, const std::vector<ChunkKv>& chunks, std::vector<ChunkKv>* release,
               const std::vector<int>& order, const std::vector<int32_t>& target_pos,
               const std::vector<int32_t>* group, KvCache& cache, int n_layers) {
-    Backend& be = model.backend();
     const int L = n_layers < 0 ? model.config().n_layer : n_layers;
     size_t total = 0;
     for (int ci : order) {
@@ -67,9 +163,7 @@ void assemble(Model& model, const std::vector<ChunkKv>& chunks, std::vector<Chun
              "assemble_cache: " << target_pos.size() << " positions for " << total << " tokens");
     IF_CHECK(group == nullptr || group->size() == total, "assemble_cache: group size mismatch");
     const int first = cache.append(int(total), target_pos.data(), group ? group->data() : nullptr);
-    const size_t row = size_t(cache.row());
-    Buffer rotated;                  // [n, row] the chunk's keys at their target positions
-    std::vector<uint16_t> narrow_k;  // the same rounded back to a 16-bit KV type
+    LayerPlacer placer;
     int at = 0;
     for (int ci : order) {
         const ChunkKv& ck = chunks[ci];
@@ -84,30 +178,9 @@ void assemble(Model& model, const std::vector<ChunkKv>& chunks, std::vector<Chun
         IF_CHECK(ck.dtype == cache.dtype(), "assemble_cache: chunk K/V are "
                                                 << kv_dtype_name(ck.dtype) << ", the cache "
                                                 << kv_dtype_name(cache.dtype()));
-        const bool wide = ck.dtype == KvDtype::f32;
-        // Keys are re-rotated on their way in, so the cache only ever receives finished rows
-        // (16-bit keys: widened, rotated in fp32, rounded once more).
-        if (rotate && rotated.bytes() < size_t(n) * row * sizeof(float)) {
-            rotated = be.alloc_floats(size_t(n) * row);
-            if (!wide) narrow_k.resize(size_t(n) * row);
-        }
         for (int l = 0; l < L; ++l) {
-            if (!rotate) {
-                cache.write_range_raw(l, first + at, n, ck.k[l].data(), ck.v[l].data());
-                continue;
-            }
-            if (wide) {
-                be.copy(rotated.data(), ck.k[l].data(), size_t(n) * row * sizeof(float));
-            } else {  // 16-bit KV lives on the CPU backend: host memory
-                kv_widen(ck.dtype, ck.k[l].data(), size_t(n) * row, rotated.data());
-            }
-            model.rerotate_keys(rotated.data(), n, delta.data());
-            if (wide) {
-                cache.write_range(l, first + at, n, rotated.data(), ck.v[l].data());
-            } else {
-                kv_narrow(ck.dtype, rotated.data(), size_t(n) * row, narrow_k.data());
-                cache.write_range_raw(l, first + at, n, narrow_k.data(), ck.v[l].data());
-            }
+            placer.place(model, cache, l, first + at, n, ck.k[l].data(), ck.v[l].data(),
+                         delta.data(), rotate);
         }
         if (release) {
             ChunkKv& done = (*release)[ci];

@@ -27,6 +27,15 @@ struct ChunkKv {
 // prefill of the chunk at positions 0.. (how chunk 0 is computed).
 ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id);
 
+// The same prefill, its K/V written straight into `dest` instead of kept: slots
+// [dest_first, dest_first + n) (already appended, at their target positions) receive exactly
+// what assemble_cache would place there, each key re-rotated from its local position. `scratch`
+// (capacity >= n + 1, the cache's type) holds the chunk's own pass and is reused across chunks,
+// so a shard is prefilled with one chunk-sized cache and no copy of its K/V. Returns the chunk
+// without K/V (has_kv false): its tokens and local positions.
+ChunkKv prefill_chunk_into(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id,
+                           KvCache& scratch, KvCache& dest, int dest_first);
+
 // Prefills several chunks independently, each exactly as prefill_chunk does (one forward pass
 // per chunk), so a chunk's K/V do not depend on the other chunks of the request: chunks loaded
 // from the KV store (prefilled alone by cache-build) equal freshly prefilled ones bit for bit.

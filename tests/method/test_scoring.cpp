@@ -3,6 +3,7 @@
 // tie-breaking (§3.4); EPIC's set and the reorder rule (§3.7, §4) on hand-built cases.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "runtime/method/chunk_kv.h"
@@ -245,5 +246,74 @@ TEST_CASE("scoring in the context cache and the releasing assembly change no bit
         CHECK(released.size() == T);  // the scoring rows are dropped again
         CHECK_THROWS_WITH(score_assembled(*tm.m, keep, T - 1, T - 1, rows, opt),
                           Catch::Contains("context slots"));
+    }
+}
+
+TEST_CASE("prefill_chunk_into writes the rows prefill_chunk and assemble_cache write", "[scoring]") {
+    // The sequence-parallel shard prefill puts each own chunk straight into the shard's cache
+    // through one reused scratch cache; every row must equal the keeping path's bit for bit, in
+    // every KV type, with and without a sink, re-rotated or not.
+    for (KvDtype dt : {KvDtype::f32, KvDtype::f16, KvDtype::bf16}) {
+        for (bool sink : {true, false}) {
+            TinyModel tm;
+            tm.m->set_kv_dtype(dt);
+            const ModelConfig& c = tm.w.config;
+            PreparedRequest req = random_request(23, c.n_vocab, 4, {9, 14, 6}, 5);
+            if (!sink) req.sink_id = -1;
+            std::vector<ChunkKv> chunks = make_chunks(*tm.m, req);
+            const std::vector<int> order{0, 2, 1, 3};  // chunk 2 moves forward: keys re-rotated
+            const std::vector<int32_t> gpos = global_positions(chunks, order);
+            const int T = req.context_tokens();
+            KvCache keep = tm.m->make_cache(T + 4);
+            assemble_cache(*tm.m, chunks, order, gpos, nullptr, keep);
+
+            KvCache direct = tm.m->make_cache(T + 4);
+            const int c0 = chunks[0].size();
+            assemble_cache(*tm.m, chunks, {0},
+                           std::vector<int32_t>(gpos.begin(), gpos.begin() + c0), nullptr,
+                           direct);
+            KvCache scratch = tm.m->make_cache(14 + (sink ? 1 : 0));  // the longest chunk
+            for (size_t k = 1; k < order.size(); ++k) {
+                const int ci = order[k];
+                const int at = direct.size();
+                direct.append(chunks[ci].size(), gpos.data() + at, nullptr);
+                const ChunkKv shadow = prefill_chunk_into(*tm.m, req.chunks[ci], req.sink_id,
+                                                          scratch, direct, at);
+                CHECK_FALSE(has_kv(shadow));
+                CHECK(shadow.tokens == chunks[ci].tokens);
+                CHECK(shadow.local_pos == chunks[ci].local_pos);
+            }
+            CAPTURE(kv_dtype_name(dt), sink);
+            REQUIRE(direct.size() == T);
+            CHECK(direct.pos() == keep.pos());
+            const size_t rb = keep.row_bytes();
+            std::vector<char> ka(T * rb), va(T * rb), kb(T * rb), vb(T * rb);
+            for (int l = 0; l < c.n_layer; ++l) {
+                keep.read_range_raw(l, 0, T, ka.data(), va.data());
+                direct.read_range_raw(l, 0, T, kb.data(), vb.data());
+                CHECK(ka == kb);
+                CHECK(va == vb);
+            }
+            if (!sink) {  // at its own positions (no rotation): the chunk's K/V as prefilled
+                const ChunkKv& ck = chunks[2];
+                KvCache lone = tm.m->make_cache(ck.size());
+                lone.append(ck.size(), ck.local_pos.data(), nullptr);
+                prefill_chunk_into(*tm.m, req.chunks[2], -1, scratch, lone, 0);
+                const size_t bytes = ck.size() * rb;
+                std::vector<char> k(bytes), v(bytes);
+                for (int l = 0; l < c.n_layer; ++l) {
+                    lone.read_range_raw(l, 0, ck.size(), k.data(), v.data());
+                    CHECK(std::memcmp(k.data(), ck.k[l].data(), bytes) == 0);
+                    CHECK(std::memcmp(v.data(), ck.v[l].data(), bytes) == 0);
+                }
+            }
+            KvCache small = tm.m->make_cache(5);
+            CHECK_THROWS_WITH(
+                prefill_chunk_into(*tm.m, req.chunks[2], req.sink_id, small, direct, 0),
+                Catch::Contains("scratch cache of 5 slots"));
+            CHECK_THROWS_WITH(
+                prefill_chunk_into(*tm.m, req.chunks[2], req.sink_id, scratch, direct, T - 3),
+                Catch::Contains("outside the"));
+        }
     }
 }
