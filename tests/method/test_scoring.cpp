@@ -36,6 +36,18 @@ std::vector<ChunkKv> make_chunks(Model& m, const PreparedRequest& req) {
     return chunks;
 }
 
+// Every K and V byte of slots [0, n) of every layer is the same in both caches.
+void check_same_rows(const KvCache& a, const KvCache& b, int n_layer, int n) {
+    const size_t bytes = size_t(n) * a.row_bytes();
+    std::vector<char> ka(bytes), va(bytes), kb(bytes), vb(bytes);
+    for (int l = 0; l < n_layer; ++l) {
+        a.read_range_raw(l, 0, n, ka.data(), va.data());
+        b.read_range_raw(l, 0, n, kb.data(), vb.data());
+        CHECK(ka == kb);
+        CHECK(va == vb);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("layout positions", "[scoring]") {
@@ -231,14 +243,7 @@ TEST_CASE("scoring in the context cache and the releasing assembly change no bit
         CHECK_THROWS_WITH(assemble_cache(*tm.m, chunks, order, gpos, nullptr, keep),
                           Catch::Contains("were released"));
         REQUIRE(released.size() == T);
-        const size_t rb = keep.row_bytes();
-        std::vector<char> ka(T * rb), va(T * rb), kb(T * rb), vb(T * rb);
-        for (int l = 0; l < c.n_layer; ++l) {
-            keep.read_range_raw(l, 0, T, ka.data(), va.data());
-            released.read_range_raw(l, 0, T, kb.data(), vb.data());
-            CHECK(ka == kb);
-            CHECK(va == vb);
-        }
+        check_same_rows(keep, released, c.n_layer, T);
 
         const std::vector<double> in_place =
             score_assembled(*tm.m, released, T, int32_t(T), rows, opt);
@@ -286,20 +291,13 @@ TEST_CASE("prefill_chunk_into writes the rows prefill_chunk and assemble_cache w
             CAPTURE(kv_dtype_name(dt), sink);
             REQUIRE(direct.size() == T);
             CHECK(direct.pos() == keep.pos());
-            const size_t rb = keep.row_bytes();
-            std::vector<char> ka(T * rb), va(T * rb), kb(T * rb), vb(T * rb);
-            for (int l = 0; l < c.n_layer; ++l) {
-                keep.read_range_raw(l, 0, T, ka.data(), va.data());
-                direct.read_range_raw(l, 0, T, kb.data(), vb.data());
-                CHECK(ka == kb);
-                CHECK(va == vb);
-            }
+            check_same_rows(keep, direct, c.n_layer, T);
             if (!sink) {  // at its own positions (no rotation): the chunk's K/V as prefilled
                 const ChunkKv& ck = chunks[2];
                 KvCache lone = tm.m->make_cache(ck.size());
                 lone.append(ck.size(), ck.local_pos.data(), nullptr);
                 prefill_chunk_into(*tm.m, req.chunks[2], -1, scratch, lone, 0);
-                const size_t bytes = ck.size() * rb;
+                const size_t bytes = ck.size() * keep.row_bytes();
                 std::vector<char> k(bytes), v(bytes);
                 for (int l = 0; l < c.n_layer; ++l) {
                     lone.read_range_raw(l, 0, ck.size(), k.data(), v.data());
