@@ -58,9 +58,18 @@ void run_chunk(Model& model, const ChunkSequence& cs, KvCache& cache, LayerDone&
 // in fp32, rounded once more). Its scratch is kept across calls.
 class LayerPlacer {
   public:
-    void place(Model& model, KvCache& cache, int l, int first, int n, const void* k,
-               const void* v, const int32_t* delta, bool rotate) {
-        if (!rotate) {
+    // The chunk whose layers come next: n keys from local_pos[i] to target_pos[i].
+    void set_chunk(const int32_t* target_pos, const int32_t* local_pos, int n) {
+        delta_.resize(n);
+        rotate_ = false;
+        for (int i = 0; i < n; ++i) {
+            delta_[i] = target_pos[i] - local_pos[i];
+            rotate_ = rotate_ || delta_[i] != 0;
+        }
+    }
+    void place(Model& model, KvCache& cache, int l, int first, const void* k, const void* v) {
+        const int n = int(delta_.size());
+        if (!rotate_) {
             cache.write_range_raw(l, first, n, k, v);
             return;
         }
@@ -73,7 +82,7 @@ class LayerPlacer {
         } else {  // 16-bit KV lives on the CPU backend: host memory
             kv_widen(cache.dtype(), k, elems, rotated_.data());
         }
-        model.rerotate_keys(rotated_.data(), n, delta);
+        model.rerotate_keys(rotated_.data(), n, delta_.data());
         if (wide) {
             cache.write_range(l, first, n, rotated_.data(), static_cast<const float*>(v));
         } else {
@@ -84,6 +93,8 @@ class LayerPlacer {
     }
 
   private:
+    std::vector<int32_t> delta_;      // [n] target - local position of the chunk's keys
+    bool rotate_ = false;             // any delta != 0
     Buffer rotated_;                  // [n, row] the keys at their target positions
     std::vector<uint16_t> narrow_k_;  // the same rounded back to a 16-bit KV type
 };
@@ -119,17 +130,12 @@ ChunkKv prefill_chunk_into(Model& model, const std::vector<int32_t>& tokens, int
     IF_CHECK(dest_first >= 0 && dest_first + n <= dest.size(),
              "prefill_chunk_into: slots [" << dest_first << ", " << dest_first + n
                                            << ") outside the " << dest.size() << " appended");
-    std::vector<int32_t> delta(n);
-    bool rotate = false;
-    for (int i = 0; i < n; ++i) {
-        delta[i] = dest.pos()[dest_first + i] - out.local_pos[i];
-        rotate = rotate || delta[i] != 0;
-    }
     Buffer k = be.alloc(size_t(n) * dest.row_bytes()), v = be.alloc(size_t(n) * dest.row_bytes());
     LayerPlacer placer;
+    placer.set_chunk(dest.pos().data() + dest_first, out.local_pos.data(), n);
     run_chunk(model, cs, scratch, [&](int l) {
         scratch.read_range_raw(l, cs.lead, n, k.data(), v.data());
-        placer.place(model, dest, l, dest_first, n, k.data(), v.data(), delta.data(), rotate);
+        placer.place(model, dest, l, dest_first, k.data(), v.data());
     });
     return out;
 }
@@ -169,18 +175,12 @@ void assemble(Model& model, const std::vector<ChunkKv>& chunks, std::vector<Chun
         const ChunkKv& ck = chunks[ci];
         const int n = ck.size();
         if (n == 0) continue;
-        std::vector<int32_t> delta(n);
-        bool rotate = false;
-        for (int i = 0; i < n; ++i) {
-            delta[i] = target_pos[at + i] - ck.local_pos[i];
-            rotate = rotate || delta[i] != 0;
-        }
         IF_CHECK(ck.dtype == cache.dtype(), "assemble_cache: chunk K/V are "
                                                 << kv_dtype_name(ck.dtype) << ", the cache "
                                                 << kv_dtype_name(cache.dtype()));
+        placer.set_chunk(target_pos.data() + at, ck.local_pos.data(), n);
         for (int l = 0; l < L; ++l) {
-            placer.place(model, cache, l, first + at, n, ck.k[l].data(), ck.v[l].data(),
-                         delta.data(), rotate);
+            placer.place(model, cache, l, first + at, ck.k[l].data(), ck.v[l].data());
         }
         if (release) {
             ChunkKv& done = (*release)[ci];
