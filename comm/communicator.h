@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm_model.h"
 #include "comm/watchdog.h"
 
 namespace infoflow {
@@ -143,6 +144,11 @@ class Communicator {
     int local_size() const { return local_size_; }
     // "self" | "mpi" | "nccl".
     virtual const char* kind() const = 0;
+    // The link the ranks talk over, for cost models (runtime/parallel/recompute_balance.h): set
+    // by make_communicator from what it knows without messages (one node or several), refined
+    // by detect_link at start-up; the same on every rank.
+    const Link& link() const { return link_; }
+    void set_link(const Link& l) { link_ = l; }
     virtual MemorySpace memory_space() const = 0;
 
     // Returns on a rank once every rank has entered.
@@ -249,6 +255,7 @@ class Communicator {
     int size_ = 1;
     int local_rank_ = 0;
     int local_size_ = 1;
+    Link link_;
     std::string phase_ = "other";
     std::vector<std::string> phase_order_;
     std::map<std::string, CommStats> stats_;
@@ -359,6 +366,14 @@ std::string comm_choice(const std::string& kind, const std::string& backend, con
 
 // True when this binary was built with the NCCL communicator.
 bool comm_have_nccl();
+
+// The link of a communicator from what every rank knows alike: NCCL within one node nvlink,
+// across nodes ib; MPI within one node shm, across nodes tcp; one rank shm.
+Link default_link(const Communicator& comm);
+// default_link, refined with a collective (one all-reduce, every rank calls it): ranks on
+// several nodes over MPI talk over ib when every rank's node has an active InfiniBand port
+// (/sys/class/infiniband/*/ports/*/state), else tcp.
+Link detect_link(Communicator& comm);
 
 // SelfComm directly (also what make_communicator("self") returns).
 std::unique_ptr<Communicator> make_self_communicator();

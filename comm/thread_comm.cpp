@@ -346,7 +346,9 @@ class RecvRequest : public RequestImpl {
 class ThreadComm final : public Communicator {
   public:
     ThreadComm(ThreadWorld::State& st, int rank)
-        : Communicator(rank, st.P, rank, st.P), st_(st), turn_(st.turn, std::defer_lock) {}
+        : Communicator(rank, st.P, rank, st.P), st_(st), turn_(st.turn, std::defer_lock) {
+        set_link(Link{LinkKind::emulated, st.link});
+    }
 
     const char* kind() const override { return "thread"; }
     MemorySpace memory_space() const override { return MemorySpace::host; }

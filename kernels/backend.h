@@ -133,6 +133,15 @@ struct RandomMatrixSpec {
     float scale = 0.0f;  // multiplies the centred Irwin-Hall sum (kernels/random_init.h)
 };
 
+// How a product with stored-type weights meets its activations. Every pass but decode steps
+// (prefill, scoring, recompute, suffix) takes `exact`: fp32 activations and one fixed order of
+// fp32 operations per output element (kernels/cpu/gemm_exact.h), so a token's result does not
+// depend on which rank computes it or how many rows share its call. Decode steps, one token at a
+// time, take the fused dot products: 8-bit activations for quantized weights (`decode`, as
+// llama.cpp does), fp32 ones where the rounding of x is not affordable (`decode_fp32`: the LM
+// head, whose outputs are the logits).
+enum class NativePass { exact, decode, decode_fp32 };
+
 // A weight matrix kept in its stored GGUF type (model.weights = "native"): rows of `cols`
 // elements, each row `row_bytes` bytes of blocks (docs/formats.md §3), host memory. Types:
 // F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q6_K (kernels/cpu/quant_dot.h).
@@ -144,10 +153,8 @@ struct NativeMatrix {
     const uint8_t* data = nullptr;  // [rows, row_bytes]
     // 1: plain rows; kRowGroup (kernels/cpu/quant_dot.h): rows block-interleaved in groups of 4.
     int row_group = 1;
-    // Small batches: multiply with the fp32 activations (each weight row dequantized to fp32 in
-    // cache first) instead of 8-bit quantized ones; for products whose rounding a caller cannot
-    // afford (the LM head: the logits themselves).
-    bool fp32_activations = false;
+    // Which product (docs/design.md §6.4): a property of the pass, never of the row count.
+    NativePass pass = NativePass::exact;
 };
 
 class Backend {
@@ -157,6 +164,9 @@ class Backend {
     // The device it runs on, for summaries: "cpu", "cuda:0 NVIDIA H200 (cc 9.0, 139 GiB)".
     virtual std::string device() const { return name(); }
     virtual void set_threads(int n_threads) = 0;
+    // Nominal rate of dense products in 1e9 multiply-adds per second, for cost models that weigh
+    // compute against bytes (runtime/parallel/recompute_balance.h); 0 = unknown.
+    virtual double nominal_gmacs() const { return 0.0; }
     // The backend's stream (a cudaStream_t for CUDA), so a device communicator can enqueue on it
     // in order with the ops; nullptr for the CPU.
     virtual void* stream() { return nullptr; }

@@ -55,6 +55,8 @@ IF_ENUM_NAMES(Config::EpicMode, "ratio", "fixed")
 IF_ENUM_NAMES(Config::Comm, "auto", "mpi", "nccl", "self")
 IF_ENUM_NAMES(Config::Exchange, "kv", "exact")
 IF_ENUM_NAMES(Config::Placement, "chunks", "tokens")
+IF_ENUM_NAMES(Config::Balance, "auto", "true", "false")
+IF_ENUM_NAMES(Config::LinkKind, "auto", "shm", "tcp", "ib", "nvlink")
 IF_ENUM_NAMES(Config::RingLayout, "zigzag", "contiguous")
 IF_ENUM_NAMES(Config::RingExchange, "p2p", "allgather")
 IF_ENUM_NAMES(Config::StoreMode, "read", "read-write")
@@ -373,6 +375,29 @@ Field enum_field(const char* key, Sec<S> sec, E S::*mem) {
     return f;
 }
 
+// parallel.balance: a boolean (true = on, false = off) or "auto" (or "true" / "false" as text);
+// written back as "auto", true or false.
+template <class S>
+Field balance_field(const char* key, Sec<S> sec, Config::Balance S::*mem) {
+    Field f{key,
+            [=](Config& c, const Ctx& x) {
+                if (const auto* b = x.node.as_boolean()) {
+                    (c.*sec).*mem = b->get() ? Config::Balance::on : Config::Balance::off;
+                } else if (x.node.as_string()) {
+                    (c.*sec).*mem = get_enum<Config::Balance>(x);
+                } else {
+                    x.expected("a boolean or \"auto\"");
+                }
+            },
+            [=](const Config& c) {
+                const Config::Balance v = (c.*sec).*mem;
+                return v == Config::Balance::automatic ? json("auto") : json(v == Config::Balance::on);
+            }};
+    f.type = "bool or enum";
+    f.choices = "auto|true|false";
+    return f;
+}
+
 template <class S>
 Field int_array_field(const char* key, Sec<S> sec, std::vector<int> S::*mem, int64_t lo,
                       bool unique) {
@@ -601,7 +626,13 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("parallel.exchange", par, &C::ParallelSection::exchange));
         f.push_back(
             int_field("parallel.emulate_ranks", par, &C::ParallelSection::emulate_ranks, 0));
-        f.push_back(bool_field("parallel.balance", par, &C::ParallelSection::balance));
+        f.push_back(balance_field("parallel.balance", par, &C::ParallelSection::balance));
+        f.push_back(enum_field("parallel.link", par, &C::ParallelSection::link));
+        f.push_back(float_field("parallel.link_alpha_us", par, &C::ParallelSection::link_alpha_us,
+                                0.0));
+        f.push_back(float_field("parallel.link_gbs", par, &C::ParallelSection::link_gbs, 0.0));
+        f.push_back(float_field("parallel.compute_gmacs", par,
+                                &C::ParallelSection::compute_gmacs, 0.0));
         f.push_back(enum_field("parallel.placement", par, &C::ParallelSection::placement));
         f.push_back(float_field("parallel.timeout_s", par, &C::ParallelSection::timeout_s, 0.001));
         f.push_back(float_field("parallel.startup_timeout_s", par,
@@ -947,6 +978,8 @@ const char* to_string(Config::EpicMode v) { return enum_name(v); }
 const char* to_string(Config::Comm v) { return enum_name(v); }
 const char* to_string(Config::Exchange v) { return enum_name(v); }
 const char* to_string(Config::Placement v) { return enum_name(v); }
+const char* to_string(Config::Balance v) { return enum_name(v); }
+const char* to_string(Config::LinkKind v) { return enum_name(v); }
 const char* to_string(Config::RingLayout v) { return enum_name(v); }
 const char* to_string(Config::RingExchange v) { return enum_name(v); }
 const char* to_string(Config::StoreMode v) { return enum_name(v); }

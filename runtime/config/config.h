@@ -42,6 +42,8 @@ struct Config {
     enum class Comm { automatic, mpi, nccl, self };  // "auto"
     enum class Exchange { kv, exact };
     enum class Placement { chunks, tokens };  // parallel.placement
+    enum class Balance { automatic, on, off };  // parallel.balance: "auto" | true | false
+    enum class LinkKind { automatic, shm, tcp, ib, nvlink };  // parallel.link ("auto")
     enum class RingLayout { zigzag, contiguous };
     enum class RingExchange { p2p, allgather };
     enum class StoreMode { read, read_write };
@@ -130,7 +132,13 @@ struct Config {
         Comm comm = Comm::automatic;
         Exchange exchange = Exchange::kv;
         int emulate_ranks = 0;     // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
-        bool balance = true;       // "kv": helpers run part of the busiest ranks' recompute
+        // "kv": helpers run part of the busiest ranks' recompute; "auto" when the plan's cost
+        // model (compute_gmacs, the link's alpha-beta) says it is faster with the extra bytes.
+        Balance balance = Balance::automatic;
+        LinkKind link = LinkKind::automatic;  // the link the cost model assumes ("auto": detected)
+        double link_alpha_us = 0.0;           // > 0: overrides the link's latency
+        double link_gbs = 0.0;                // > 0: overrides the link's bandwidth (GB/s)
+        double compute_gmacs = 0.0;           // > 0: overrides the backend's nominal rate
         Placement placement = Placement::chunks;  // "tokens": chunks cut at even shard edges
         double timeout_s = 600.0;  // a peer that does not arrive ends the job (§11)
         double startup_timeout_s = 300.0;  // the same until the start-up checks are done
@@ -262,6 +270,8 @@ const char* to_string(Config::EpicMode v);
 const char* to_string(Config::Comm v);
 const char* to_string(Config::Exchange v);
 const char* to_string(Config::Placement v);
+const char* to_string(Config::Balance v);
+const char* to_string(Config::LinkKind v);
 const char* to_string(Config::RingLayout v);
 const char* to_string(Config::RingExchange v);
 const char* to_string(Config::StoreMode v);

@@ -66,9 +66,11 @@ const std::map<std::string, std::string>& descriptions() {
          "CPU backend: `native` keeps every matrix in the file's stored type (GGUF "
          "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K/F16/BF16, safetensors F16/BF16; F32 matrices stay fp32; "
          "Q4_0/Q4_1/Q8_0 rows block-interleaved in "
-         "groups of 4, the same bytes; decode and small batches use fused dot products with "
-         "activations quantized to 8 bits per 32-value block, the LM head with fp32 "
-         "activations, prefill dequantizes one weight tile at a time for an fp32 GEMM; all of it in "
+         "groups of 4, the same bytes; every pass but decode (prefill, scoring, recompute, "
+         "suffix) multiplies fp32 activations by the weights dequantized to fp32 in one fixed "
+         "order of operations, so a token's result does not depend on how many rows share its "
+         "call (docs/design.md §6); decode steps use fused dot products with activations "
+         "quantized to 8 bits per 32-value block, the LM head with fp32 activations; all of it in "
          "one mapping on transparent huge pages where the kernel allows); `f32` "
          "dequantizes the whole model to fp32 at load (the reference). The `cuda` backend always "
          "loads `f32` (bf16 on the device)"},
@@ -163,7 +165,25 @@ const std::map<std::string, std::string>& descriptions() {
          "of the busiest ranks' selected tokens (projections, MLP, attention over chunk 0 and "
          "the other shards' selected tokens) while their owner adds the attention over its "
          "shard, merged by LSE; the result is the same `kv` semantics; costs the moved "
-         "queries and partial states in bytes; `false` = every token on its owner"},
+         "queries and partial states in bytes. `auto`: the plan's cost model (compute at "
+         "`parallel.compute_gmacs`, each message alpha + bytes / beta on `parallel.link`) moves "
+         "tokens only as far as the modelled recompute time, bytes included, falls; `true`: "
+         "balance the compute alone; `false`: every token on its owner (docs/design.md §5.2)"},
+        {"parallel.link",
+         "the link the balance model assumes: `auto` = detected (one node: `shm` over MPI, "
+         "`nvlink` over NCCL; several nodes: `ib` when every node has an active InfiniBand "
+         "port, else `tcp`; NCCL across nodes `ib`); or named: `shm` (1 us, 8 GB/s), `tcp` "
+         "(30 us, 1.2 GB/s), `ib` (3 us, 12 GB/s), `nvlink` (10 us, 370 GB/s)"},
+        {"parallel.link_alpha_us",
+         "latency of one message on the link in microseconds for the balance model; `0` = the "
+         "link's figure"},
+        {"parallel.link_gbs",
+         "bandwidth of the link in GB/s (one direction) for the balance model; `0` = the "
+         "link's figure"},
+        {"parallel.compute_gmacs",
+         "compute rate of one rank in billions of multiply-adds per second for the balance "
+         "model; `0` = the backend's nominal rate (CPU: 30 per thread with AVX-512, 15 with "
+         "AVX2; CUDA: 150000)"},
         {"parallel.placement",
          "how context chunks are dealt to the P shards: `chunks` = whole chunks, the largest "
          "shard as small as whole chunks allow; `tokens` = shard edges at even token counts, a "

@@ -34,6 +34,8 @@ nlohmann::json run_reform_heads(const Config& cfg, Session& s);
 // True when `answer` contains the non-empty `reference`, ignoring case (request.reference).
 bool answer_matches(const std::string& answer, const std::string& reference);
 
+// The "kv" recompute's plan with its model and measured figures (null where none was made).
+nlohmann::json recompute_plan_json(const MethodResult& r);
 // The JSON form of one method run (docs/design.md §9, job "answer").
 nlohmann::json method_result_json(const MethodResult& r, const Session& s, const Config& cfg,
                                   int ranks);

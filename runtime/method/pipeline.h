@@ -23,6 +23,17 @@ struct PhaseTime {
     double wait_ms = 0.0;
 };
 
+// The "kv" recompute's plan on P ranks (runtime/parallel/recompute_balance.h): the balance mode,
+// the link and compute rate its cost model assumed, and its modelled time and per-rank bytes
+// (sent, received over the whole recompute) next to those of every token on its owner.
+struct RecomputePlanReport {
+    bool planned = false;
+    std::string mode, link;
+    double alpha_us = 0.0, beta_gbs = 0.0, gmacs = 0.0;
+    double model_ms = 0.0, owned_model_ms = 0.0;
+    std::vector<double> sent, recv, owned_sent, owned_recv;  // [rank]
+};
+
 struct MethodResult {
     std::string method;
     std::vector<float> first_logits;  // [n_vocab] after the last suffix token
@@ -49,6 +60,7 @@ struct MethodResult {
     // token on its owner, and the tokens run by a helper rank. Empty / 0 elsewhere.
     std::vector<double> recompute_load, recompute_load_owned;
     int recompute_moved = 0;
+    RecomputePlanReport recompute_plan;
     // Sequence-parallel runs: each rank's shard in tokens (docs/design.md §5.1; chunk_order
     // counts the chunks after parallel.placement = "tokens" cut them at the shard edges).
     std::vector<int> shard_tokens;

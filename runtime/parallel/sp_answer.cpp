@@ -68,6 +68,7 @@ std::vector<int32_t> generate_replicated(Model& model, Communicator& comm, KvCac
     *stopped = false;
     Buffer h = be.alloc_floats(c.n_embd);
     Buffer lg = be.alloc_floats(c.n_vocab);
+    const Model::DecodeScope decoding(model);
     for (int step = 0; step < cfg.decode.max_new_tokens; ++step) {
         int32_t tok = comm.rank() == 0 ? sampler.sample(logits.data(), c.n_vocab) : 0;
         comm.broadcast(&tok, sizeof(tok), 0);  // rank 0 samples, everyone follows

@@ -65,12 +65,12 @@ struct SpSelection {
 SpSelection score_and_select(Model& model, Communicator& comm, const PreparedRequest& req,
                              const Config& cfg, const Shard& sh, KvCache& cache);
 
-// Phase 3, "kv": every selected token is recomputed by its owner or, with `balance`, by the
-// helper rank the plan gives it (recompute_balance.h: the owner then contributes the token's
+// Phase 3, "kv": every selected token is recomputed by its owner or by the helper rank the
+// plan gives it (parallel.balance, recompute_balance.h: the owner then contributes the token's
 // attention over its shard, merged by LSE); the new K/V are all-gathered per layer into slots
-// appended for them on every other rank. `result` (optional) receives the plan's loads.
+// appended for them on every other rank. `result` (optional) receives the plan and its model.
 void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, const Shard& sh,
-                  const SpSelection& sel, KvCache& cache, bool balance,
+                  const SpSelection& sel, KvCache& cache, const Config& cfg,
                   MethodResult* result = nullptr);
 // Phase 3, "exact": the selected queries attend over every rank's keys (pass-Q).
 void recompute_exact(Model& model, Communicator& comm, const PreparedRequest& req, const Shard& sh,

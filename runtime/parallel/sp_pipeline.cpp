@@ -66,7 +66,7 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     if (exact) {
         recompute_exact(model, comm, req, sh, sel, p.cache);
     } else {
-        recompute_kv(model, comm, req, sh, sel, p.cache, cfg.parallel.balance, &r);
+        recompute_kv(model, comm, req, sh, sel, p.cache, cfg, &r);
     }
     for (int g : sel.selected) r.selected_positions.push_back(sh.gpos[g]);
     clock.end();

@@ -119,6 +119,10 @@ comm = "nccl"
 exchange = "exact"
 emulate_ranks = 4
 balance = false
+link = "tcp"
+link_alpha_us = 50
+link_gbs = 2.5
+compute_gmacs = 120
 placement = "tokens"
 timeout_s = 30.5
 startup_timeout_s = 20
@@ -224,7 +228,11 @@ TEST_CASE("defaults follow docs/design.md", "[cpu][config]") {
     CHECK(c.parallel.comm == C::Comm::automatic);
     CHECK(c.parallel.exchange == C::Exchange::kv);
     CHECK(c.parallel.emulate_ranks == 0);
-    CHECK(c.parallel.balance);
+    CHECK(c.parallel.balance == C::Balance::automatic);
+    CHECK(c.parallel.link == C::LinkKind::automatic);
+    CHECK(c.parallel.link_alpha_us == 0.0);
+    CHECK(c.parallel.link_gbs == 0.0);
+    CHECK(c.parallel.compute_gmacs == 0.0);
     CHECK(c.parallel.placement == C::Placement::chunks);
     CHECK(c.parallel.timeout_s == 600.0);
     CHECK(c.parallel.startup_timeout_s == 300.0);
@@ -276,7 +284,11 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.parallel.comm == C::Comm::nccl);
     CHECK(c.parallel.exchange == C::Exchange::exact);
     CHECK(c.parallel.emulate_ranks == 4);
-    CHECK_FALSE(c.parallel.balance);
+    CHECK(c.parallel.balance == C::Balance::off);
+    CHECK(c.parallel.link == C::LinkKind::tcp);
+    CHECK(c.parallel.link_alpha_us == 50.0);
+    CHECK(c.parallel.link_gbs == 2.5);
+    CHECK(c.parallel.compute_gmacs == 120.0);
     CHECK(c.parallel.placement == C::Placement::tokens);
     CHECK(c.parallel.timeout_s == 30.5);
     CHECK(c.parallel.startup_timeout_s == 20.0);
@@ -446,6 +458,24 @@ TEST_CASE("out-of-range values and bad enum names", "[cpu][config]") {
     CHECK(error_of([] { parse("[request]\ndocuments_file = \"docs.csv\"\n"); }) ==
           "request.documents_file at x.toml:2: 'docs.csv' must be a .jsonl or .txt file, or a "
           "folder of .txt files ending in '/'");
+}
+
+TEST_CASE("parallel.balance takes a boolean or \"auto\"", "[cpu][config]") {
+    using C = Config;
+    CHECK(parse("").parallel.balance == C::Balance::automatic);
+    CHECK(parse("[parallel]\nbalance = true\n").parallel.balance == C::Balance::on);
+    CHECK(parse("[parallel]\nbalance = false\n").parallel.balance == C::Balance::off);
+    CHECK(parse("[parallel]\nbalance = \"auto\"\n").parallel.balance == C::Balance::automatic);
+    CHECK(parse("", {"parallel.balance=true"}).parallel.balance == C::Balance::on);
+    CHECK(parse("", {"parallel.balance=auto"}).parallel.balance == C::Balance::automatic);
+    CHECK(parse("[parallel]\nbalance = false\n").to_json()["parallel"]["balance"] == false);
+    CHECK(parse("").to_json()["parallel"]["balance"] == "auto");
+    CHECK(error_of([] { parse("[parallel]\nbalance = \"maybe\"\n"); }) ==
+          "parallel.balance at x.toml:2: 'maybe' is not one of auto|true|false");
+    CHECK(error_of([] { parse("[parallel]\nbalance = 1\n"); }) ==
+          "parallel.balance at x.toml:2: expected a boolean or \"auto\", got integer");
+    CHECK(error_of([] { parse("", {"parallel.link=ethernet"}); }) ==
+          "--set parallel.link: 'ethernet' is not one of auto|shm|tcp|ib|nvlink");
 }
 
 TEST_CASE("keys that exclude each other", "[cpu][config]") {

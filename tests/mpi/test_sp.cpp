@@ -81,13 +81,13 @@ TEST_CASE("sp: exact exchange on P ranks equals one rank [6.4]", "[sp]") {
 TEST_CASE("sp: kv exchange on P ranks equals emulate_ranks = P [6.4]", "[sp]") {
     Setup s;
     int moved = 0;  // tokens run by a helper rank, over the balanced runs
-    for (bool balance : {true, false}) {
+    for (bool balance : {true, false}) {  // forced on (the model would not move on tiny runs)
         for (auto m : {Config::Method::infoflow, Config::Method::epic, Config::Method::cacheblend,
                        Config::Method::none}) {
             for (auto layout : {Config::Layout::global, Config::Layout::tl_tp}) {
                 Config cfg = method_config(m, 0.3);
                 cfg.scoring.layout = layout;
-                cfg.parallel.balance = balance;
+                cfg.parallel.balance = balance ? Config::Balance::on : Config::Balance::off;
                 const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
                 Config emu = cfg;
                 emu.parallel.emulate_ranks = s.P();
@@ -201,7 +201,7 @@ TEST_CASE("sp: placement tokens on P ranks equals its one-rank oracles [6.4]", "
 TEST_CASE("sp: kv exchange moves exactly the selected tokens' K/V [5.5]", "[sp]") {
     Setup s;
     Config cfg = method_config(Config::Method::infoflow, 0.2);
-    cfg.parallel.balance = false;  // every token on its owner: K/V only
+    cfg.parallel.balance = Config::Balance::off;  // every token on its owner: K/V only
     const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
     std::vector<int> sizes;
     for (const auto& c : s.req.chunks) sizes.push_back(int(c.size()));
@@ -231,7 +231,7 @@ TEST_CASE(
     Setup s;
     s.tm.m->set_kv_dtype(KvDtype::f16);
     Config cfg = method_config(Config::Method::infoflow, 0.3);
-    cfg.parallel.balance = false;  // the byte count below is the K/V alone
+    cfg.parallel.balance = Config::Balance::off;  // the byte count below is the K/V alone
     const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
     Config emu = cfg;
     emu.parallel.emulate_ranks = s.P();
@@ -241,7 +241,7 @@ TEST_CASE(
     const MethodResult rx = run_request(*s.tm.m, s.req, ex, *s.comm, kNoStop);
     const MethodResult onex = run_method(*s.tm.m, s.req, ex, kNoStop);
     Config bal = cfg;  // the balanced recompute reads its helper keys as f16 rows too
-    bal.parallel.balance = true;
+    bal.parallel.balance = Config::Balance::on;
     bal.method.ratio = 0.6;
     const MethodResult rb = run_request(*s.tm.m, s.req, bal, *s.comm, kNoStop);
     bal.parallel.emulate_ranks = s.P();
