@@ -245,11 +245,11 @@ def run_answer(binary, mpiexec, np, config, documents, question, sets=(), system
 
 
 def sse_events(resp):
-    """The data lines of a server-sent event stream (an http.client response)."""
-    events = []
+    """Yields the data lines of a server-sent event stream (an http.client response) as they
+    arrive."""
     buf = b""
     while True:
-        chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(1)
+        chunk = resp.read1(65536)
         if not chunk:
             break
         buf += chunk
@@ -257,5 +257,4 @@ def sse_events(resp):
             ev, buf = buf.split(b"\n\n", 1)
             for line in ev.split(b"\n"):
                 if line.startswith(b"data: "):
-                    events.append(line[6:].decode())
-    return events
+                    yield line[6:].decode()
