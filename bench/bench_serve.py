@@ -179,7 +179,10 @@ def start_peer(a, tmp, peer_bin, reuse):
     if reuse:
         args += ["--cache-reuse", str(reuse)]
     log_f = open(os.path.join(tmp, f"peer{reuse}.log"), "w")
-    p = subprocess.Popen(args, cwd=ROOT, stdout=log_f, stderr=subprocess.STDOUT,
+    # The same OpenMP waiting as ours: threads that spin while waiting lose badly when other
+    # processes share the cores, which would measure the machine's load, not the engine.
+    env = dict(os.environ, OMP_WAIT_POLICY="passive")
+    p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log_f, stderr=subprocess.STDOUT,
                          start_new_session=True)
     wait_http(port, p, "llama-server")
     return p, port

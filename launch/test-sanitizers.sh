@@ -68,19 +68,18 @@ serve_smoke() {
         --set model.threads=1 --set serve.port=0 --set store.path=) > "$out" 2>&1 &
     local job=$!
     for _ in $(seq 1 1200); do
-        port=$(sed -nE 's/.*listening on http:\/\/[^:]+:([0-9]+) \(rank 0 pid ([0-9]+)\).*/\1/p' "$out")
-        pid0=$(sed -nE 's/.*listening on http:\/\/[^:]+:([0-9]+) \(rank 0 pid ([0-9]+)\).*/\2/p' "$out")
+        port=$(sed -nE 's/.*listening on http:\/\/[^:]+:([0-9]+) \(rank 0 pid ([0-9]+);.*/\1/p' "$out")
+        pid0=$(sed -nE 's/.*listening on http:\/\/[^:]+:([0-9]+) \(rank 0 pid ([0-9]+);.*/\2/p' "$out")
         [ -n "$port" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/health")" = 200 ] && break
         kill -0 "$job" 2>/dev/null || break
         sleep 0.5
     done
     [ -n "$port" ] || { cat "$out"; echo "[sanitizers] serve: never listened"; return 1; }
-    body='{"messages": [{"role": "user", "content": "Which architect designed the Corn Exchange?"}],
-           "documents": ["The Corn Exchange in Marrowby was designed by Harriet Colby."],
-           "max_tokens": 16'
-    curl -sf "localhost:$port/v1/chat/completions" -d "$body}" | grep -q "Colby" \
+    body="$root/configs/data/serve-request.json"  # the README's request: the demo's documents
+    curl -sf "localhost:$port/v1/chat/completions" -d @"$body" | grep -q "Colby" \
         || { cat "$out"; echo "[sanitizers] serve: no answer naming Colby"; return 1; }
-    curl -sfN "localhost:$port/v1/chat/completions" -d "$body, \"stream\": true}" \
+    python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); j["stream"] = True; print(json.dumps(j))' \
+        "$body" | curl -sfN "localhost:$port/v1/chat/completions" -d @- \
         | grep -q "data: \[DONE\]" || { cat "$out"; echo "[sanitizers] serve: no stream"; return 1; }
     kill -TERM "$pid0"
     wait "$job" || { cat "$out"; echo "[sanitizers] serve: exit code $? after SIGTERM"; return 1; }
