@@ -121,6 +121,9 @@ struct HttpFrontend::Impl {
     HttpFrontend& owner;
     httplib::Server svr;
     std::thread thread;
+    // Streamed responses not yet fully written: stop() waits for them, since the library ends
+    // a stream as soon as it stops listening.
+    std::atomic<int> streams{0};
 
     void enqueue(const std::shared_ptr<Task>& t) {
         switch (queue.push(t)) {
@@ -157,19 +160,22 @@ struct HttpFrontend::Impl {
     }
 
     void stream(const std::shared_ptr<Task>& task, httplib::Response& res) {
+        ++streams;
         // The status goes out with the first event: an error before the first token still
         // gets its own status (429s and 400s were answered before queueing).
         std::optional<Task::Event> first;
         while (!first) first = task->next(std::chrono::milliseconds(200));
         if (first->type == Task::Event::Type::error) {
             answer_final(*first, res);
+            --streams;
             return;
         }
         res.status = 200;
         res.set_header("Cache-Control", "no-cache");
         auto pending = std::make_shared<std::optional<Task::Event>>(std::move(first));
         res.set_chunked_content_provider(
-            "text/event-stream", [task, pending](size_t, httplib::DataSink& sink) {
+            "text/event-stream",
+            [task, pending](size_t, httplib::DataSink& sink) {
                 std::optional<Task::Event> e;
                 if (*pending) {
                     e = std::move(*pending);
@@ -200,7 +206,8 @@ struct HttpFrontend::Impl {
                 }
                 if (e->type != Task::Event::Type::chunk) sink.done();
                 return true;
-            });
+            },
+            [this](bool) { --streams; });  // the response is written (or abandoned)
     }
 
     void completion(Endpoint ep, const httplib::ContentReader& reader, httplib::Response& res) {
@@ -366,6 +373,13 @@ int HttpFrontend::start() {
 void HttpFrontend::stop() {
     if (!impl_) return;
     if (impl_->thread.joinable()) {
+        // The streams in hand finish first (their last events are queued already); a client
+        // that stopped reading is given up after the write timeout.
+        const auto t0 = std::chrono::steady_clock::now();
+        while (impl_->streams.load() > 0 &&
+               std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
         impl_->svr.stop();
         impl_->thread.join();
     }

@@ -57,7 +57,8 @@ class HttpFrontend {
     // From now on requests to the API get 503 (the server drains); /health says so.
     void set_draining() { draining_ = true; }
     bool draining() const { return draining_.load(); }
-    // Stops listening and waits for the connections in hand to finish.
+    // Waits (at most 30 s) for the streamed responses in hand to be written, then stops
+    // listening and waits for the connections in hand to finish.
     void stop();
 
   private:
