@@ -38,7 +38,7 @@ const std::vector<const char*>& names_of();
     }
 
 IF_ENUM_NAMES(Config::Job, "answer", "niah", "eval", "bench-ttft", "cache-build", "reform-heads",
-              "sweep")
+              "sweep", "serve")
 IF_ENUM_NAMES(Config::Backend, "cpu", "cuda")
 IF_ENUM_NAMES(Config::DType, "fp32", "bf16", "fp16")
 IF_ENUM_NAMES(Config::Template, "qa", "longbench", "raw")
@@ -524,6 +524,37 @@ Field reform_heads_field(const char* key, Sec<S> sec, std::vector<Config::Reform
     return f;
 }
 
+template <class S>
+Field logit_bias_field(const char* key, Sec<S> sec, std::vector<std::pair<int, double>> S::*mem) {
+    Field f{key,
+            [=](Config& c, const Ctx& x) {
+                std::vector<std::pair<int, double>> out;
+                const auto& a = get_array(x);
+                for (size_t i = 0; i < a.size(); ++i) {
+                    const Ctx item = x.at(a[i], static_cast<int>(i));
+                    const auto* t = a[i].as_array();
+                    if (!t || t->size() != 2) item.fail("expected [token id, bias]");
+                    const int id = static_cast<int>(get_int(item.at((*t)[0], static_cast<int>(i)),
+                                                            0, std::numeric_limits<int>::max()));
+                    const double b =
+                        get_float(item.at((*t)[1], static_cast<int>(i)), -100.0, 100.0);
+                    for (const auto& o : out) {
+                        if (o.first == id)
+                            item.fail("token id " + std::to_string(id) + " is listed twice");
+                    }
+                    out.emplace_back(id, b);
+                }
+                (c.*sec).*mem = std::move(out);
+            },
+            [=](const Config& c) {
+                json j = json::array();
+                for (const auto& [id, b] : (c.*sec).*mem) j.push_back(json::array({id, b}));
+                return j;
+            }};
+    f.type = "[[token id >= 0, bias in [-100, 100]]], no repeated id";
+    return f;
+}
+
 std::string lower(std::string s) {
     for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     return s;
@@ -648,6 +679,8 @@ const std::vector<Field>& fields() {
         f.push_back(
             int_field("decode.seed", dec, &D::seed, 0, std::numeric_limits<int64_t>::max()));
         f.push_back(opt_int_field("decode.top_k", dec, &D::top_k, 1));
+        f.push_back(float_field("decode.top_p", dec, &D::top_p, 1e-6, 1.0));
+        f.push_back(logit_bias_field("decode.logit_bias", dec, &D::logit_bias));
 
         const auto niah = &C::niah;
         using N = C::NiahSection;
@@ -698,6 +731,21 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("store.mode", store, &St::mode));
         f.push_back(enum_field("store.dtype", store, &St::dtype));
         f.push_back(int_field("store.compression", store, &St::compression, 0, 9));
+
+        const auto sv = &C::serve;
+        using Sv = C::ServeSection;
+        f.push_back(string_field("serve.host", sv, &Sv::host, check_non_empty));
+        f.push_back(int_field("serve.port", sv, &Sv::port, 0, 65535));
+        f.push_back(string_field("serve.api_key", sv, &Sv::api_key));
+        f.push_back(string_field("serve.api_key_env", sv, &Sv::api_key_env));
+        f.push_back(bool_field("serve.allow_unauthenticated", sv, &Sv::allow_unauthenticated));
+        f.push_back(int_field("serve.queue_size", sv, &Sv::queue_size, 1));
+        f.push_back(int_field("serve.max_body_bytes", sv, &Sv::max_body_bytes, 1024));
+        f.push_back(int_field("serve.max_tokens", sv, &Sv::max_tokens, 1));
+        f.push_back(float_field("serve.request_timeout_s", sv, &Sv::request_timeout_s, 0.001));
+        f.push_back(float_field("serve.heartbeat_s", sv, &Sv::heartbeat_s, 0.01));
+        f.push_back(int_field("serve.http_threads", sv, &Sv::http_threads, 1, 1024));
+        f.push_back(string_field("serve.model_name", sv, &Sv::model_name));
 
         f.push_back(string_field("output.path", &C::output, &C::OutputSection::path));
         f.push_back(string_field("output.csv", &C::output, &C::OutputSection::csv));
@@ -869,6 +917,14 @@ class Loader {
         if (cfg_.reform.pool % 2 == 0) {
             fail(where("reform.pool") + ": must be odd (a window centred on the token), got " +
                  std::to_string(cfg_.reform.pool));
+        }
+        if (cfg_.job == Config::Job::serve && cfg_.serve.heartbeat_s >= cfg_.parallel.timeout_s) {
+            std::ostringstream os;
+            os << where("serve.heartbeat_s") << ": must be below parallel.timeout_s ("
+               << cfg_.parallel.timeout_s
+               << " s), or idle ranks would trip the watchdog between heartbeats; got "
+               << cfg_.serve.heartbeat_s;
+            fail(os.str());
         }
         if (cfg_.bench.emulate_timing && cfg_.parallel.emulate_ranks < 1) {
             fail(where("bench.emulate_timing") +

@@ -1,5 +1,5 @@
-// The run configuration of infoflow_sp (docs/design.md §9): one typed field per TOML key, loaded from a
-// config file plus `--set section.key=value` overrides, validated once here (types, ranges,
+// The run configuration of infoflow_sp (docs/design.md §9): one typed field per TOML key, loaded
+// from a config file plus `--set section.key=value` overrides, validated once here (types, ranges,
 // enum names, unknown keys with a "did you mean" hint), every error naming the key and
 // FILE:LINE (or the `--set` argument). The effective config has a canonical JSON form
 // (`to_json`, every key) and a hash of it, compared across ranks at start-up (docs/design.md §11).
@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace infoflow {
@@ -26,7 +27,7 @@ namespace infoflow {
 struct Config {
     // Enum-valued keys. Their TOML spellings are the `to_string` names below
     // ("bench-ttft", "hl-tp", "auto", ...).
-    enum class Job { answer, niah, eval, bench_ttft, cache_build, reform_heads, sweep };
+    enum class Job { answer, niah, eval, bench_ttft, cache_build, reform_heads, sweep, serve };
     enum class Backend { cpu, cuda };
     enum class DType { fp32, bf16, fp16 };
     enum class Template { qa, longbench, raw };  // instruction template (request.template)
@@ -58,9 +59,9 @@ struct Config {
         std::string path =
             "models/SmolLM2-135M-Instruct.Q4_1.gguf";  // GGUF, HF dir, random:<shape>
         Backend backend = Backend::cpu;
-        int threads = 2;            // CPU threads per rank; 0 = all cores (OpenMP default)
-        DType dtype = DType::fp32;  // compute type of weights and activations
-        bool check_finite = true;   // reject NaN/Inf in the loaded weights, naming the tensor
+        int threads = 2;                  // CPU threads per rank; 0 = all cores (OpenMP default)
+        DType dtype = DType::fp32;        // compute type of weights and activations
+        bool check_finite = true;         // reject NaN/Inf in the loaded weights, naming the tensor
         KvDType kv_dtype = KvDType::f32;  // storage type of the KV cache
         Weights weights = Weights::native;  // CPU: matrices kept in the file's stored type
     };
@@ -96,7 +97,8 @@ struct Config {
         Query query = Query::question;
         Aggregate aggregate = Aggregate::norm;
         Layout layout = Layout::global;
-        std::vector<int> layers;  // empty = the model rule of docs/design.md §3.3 (resolve_scoring_layers)
+        std::vector<int>
+            layers;  // empty = the model rule of docs/design.md §3.3 (resolve_scoring_layers)
         Softmax softmax = Softmax::global;
         int block = 512;  // row/column block of the scoring pass, > 0
     };
@@ -140,8 +142,8 @@ struct Config {
         double link_gbs = 0.0;                // > 0: overrides the link's bandwidth (GB/s)
         double compute_gmacs = 0.0;           // > 0: overrides the backend's nominal rate
         Placement placement = Placement::chunks;  // "tokens": chunks cut at even shard edges
-        double timeout_s = 600.0;  // a peer that does not arrive ends the job (§11)
-        double startup_timeout_s = 300.0;  // the same until the start-up checks are done
+        double timeout_s = 600.0;                 // a peer that does not arrive ends the job (§11)
+        double startup_timeout_s = 300.0;         // the same until the start-up checks are done
     };
     struct RingSection {
         RingLayout layout = RingLayout::zigzag;
@@ -152,6 +154,10 @@ struct Config {
         double temperature = 0.0;  // >= 0; 0 = greedy
         uint64_t seed = 0;
         std::optional<int> top_k;  // > 0; unset = whole vocabulary
+        double top_p = 1.0;        // nucleus sampling: smallest set of mass >= top_p, in (0, 1]
+        // Added to the logits of these token ids before sampling ([id, bias], bias in
+        // [-100, 100]; OpenAI's logit_bias).
+        std::vector<std::pair<int, double>> logit_bias;
     };
     struct NiahSection {
         std::vector<int> lengths = {4096, 8192};                   // context tokens, each > 0
@@ -207,6 +213,23 @@ struct Config {
         StoreDType dtype = StoreDType::f16;
         int compression = 0;  // 0 = none, 1..9 = shuffle + deflate level
     };
+    // Job `serve` (docs/serve.md): the OpenAI-compatible HTTP server on rank 0.
+    struct ServeSection {
+        std::string host = "127.0.0.1";  // address rank 0 listens on (loopback by default)
+        int port = 8080;                 // 0 = any free port (printed at start-up)
+        std::string api_key;             // Bearer key the clients must send; "" = none
+        // Environment variable that holds the key when api_key is empty; "" = none.
+        std::string api_key_env = "INFOFLOW_API_KEY";
+        // Serve a non-loopback address without a key (never the default).
+        bool allow_unauthenticated = false;
+        int queue_size = 16;             // requests waiting behind the running one (429 beyond)
+        int max_body_bytes = 8 << 20;    // request body limit (413 beyond)
+        int max_tokens = 1024;           // cap on a request's max_tokens (400 beyond)
+        double request_timeout_s = 300;  // arrival to last token (504 beyond)
+        double heartbeat_s = 1.0;        // idle ranks are checked this often (< parallel.timeout_s)
+        int http_threads = 32;           // connections handled at once
+        std::string model_name;          // model id of the API; "" = the model file's name
+    };
     struct OutputSection {
         std::string path;  // results JSON (also --out)
         std::string csv;   // table rows as CSV
@@ -236,6 +259,7 @@ struct Config {
     BenchSection bench;
     SweepSection sweep;
     StoreSection store;
+    ServeSection serve;
     OutputSection output;
 
     // Effective config, every key, as {"job": ..., "model": {...}, ...}; unset optionals are
@@ -314,8 +338,8 @@ struct ConfigKeyInfo {
 // Every key in config_keys() order.
 std::vector<ConfigKeyInfo> config_key_info();
 
-// Scoring layers for a model of `n_layer` layers (docs/design.md §3.3): `layers` when non-empty (each
-// must be < n_layer, else an error naming scoring.layers); otherwise the measured set of a
+// Scoring layers for a model of `n_layer` layers (docs/design.md §3.3): `layers` when non-empty
+// (each must be < n_layer, else an error naming scoring.layers); otherwise the measured set of a
 // measured depth ([17, 18, 19, 20] for 30 layers, SmolLM2-135M), [22, 23, 24, 25] for other
 // depths >= 26, else the four layers ending at round(0.8 * n_layer), clamped to the model.
 std::vector<int> resolve_scoring_layers(const std::vector<int>& layers, int n_layer);
@@ -333,6 +357,14 @@ struct RequestText {
     std::string system;
     std::vector<std::string> documents;
     std::string question;
+    // Earlier turns of a conversation (role "system" | "user" | "assistant", content), before
+    // the question's user turn; they go into chunk 0 (job serve's chat requests). When set,
+    // `system` must be empty (a system turn is the first of them).
+    struct Turn {
+        std::string role;
+        std::string content;
+    };
+    std::vector<Turn> history = {};
 };
 RequestText load_request_text(const Config::RequestSection& req);
 std::vector<std::string> read_documents_file(const std::string& path);

@@ -34,6 +34,7 @@ const std::map<std::string, std::string>& section_titles() {
         {"bench", "[bench] (job `bench-ttft`)"},
         {"sweep", "[sweep] (job `sweep`, docs/quality.md)"},
         {"store", "[store] (document KV store, docs/store.md)"},
+        {"serve", "[serve] (job `serve`, the OpenAI-compatible server, docs/serve.md)"},
         {"output", "[output]"},
     };
     return t;
@@ -47,7 +48,9 @@ const std::map<std::string, std::string>& descriptions() {
          "LongBench-format QA evaluation (`eval`), the TTFT table (`bench-ttft`), or prefill "
          "documents once into the KV store (`cache-build`, needs `store.path`), rank the "
          "retrieval heads of REFORM on synthetic tasks (`reform-heads`), or run a quality "
-         "sweep over config points on generated cases (`sweep`, docs/quality.md)"},
+         "sweep over config points on generated cases (`sweep`, docs/quality.md), or serve the "
+         "OpenAI HTTP API on rank 0 with the model loaded once on every rank (`serve`, "
+         "docs/serve.md)"},
         {"model.path",
          "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
          "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
@@ -143,7 +146,9 @@ const std::map<std::string, std::string>& descriptions() {
          "for k/v); each head's state L2-normalized, concatenated; the default is the "
          "`reform-heads` result for SmolLM2"},
         {"reform.pool", "max-pool window over the per-token scores (odd)"},
-        {"reform.gather", "context tokens gathered by score for the recompute (the top-scoring of the whole context, kept ends included)"},
+        {"reform.gather",
+         "context tokens gathered by score for the recompute (the top-scoring of the whole "
+         "context, kept ends included)"},
         {"reform.keep_ends", "first and last context tokens always gathered"},
         {"reform.tasks", "`reform-heads`: synthetic tasks per kind (pattern match, multi-hop)"},
         {"reform.task_tokens", "`reform-heads`: context tokens of each synthetic task"},
@@ -203,6 +208,13 @@ const std::map<std::string, std::string>& descriptions() {
         {"decode.temperature", "`0` = greedy"},
         {"decode.seed", "sampling seed"},
         {"decode.top_k", "sample among the top k logits; unset = the whole vocabulary"},
+        {"decode.logit_bias",
+         "`[[token id, bias], ...]`: added to those tokens' logits before sampling, greedy "
+         "included (OpenAI's `logit_bias`; -100 all but bans a token); the reported first-token "
+         "logits are the model's, without it"},
+        {"decode.top_p",
+         "nucleus sampling: sample among the most likely tokens whose probabilities add up to at "
+         "least this (after `decode.top_k`); `1` = no cut"},
         {"niah.lengths", "context lengths in tokens"},
         {"niah.depths", "needle depth as a fraction of the context (0 = start, 1 = end)"},
         {"niah.methods", "methods to compare, as in `method.name`"},
@@ -258,6 +270,34 @@ const std::map<std::string, std::string>& descriptions() {
          "after the answer"},
         {"store.dtype", "how K/V are stored; must match an existing store"},
         {"store.compression", "0 = none; 1-9 = shuffle + deflate at that level"},
+        {"serve.host",
+         "address rank 0 listens on; `127.0.0.1` (loopback) by default; any other address needs "
+         "an API key (`serve.api_key` or `serve.api_key_env`) or `serve.allow_unauthenticated`"},
+        {"serve.port", "TCP port; `0` = any free port (printed at start-up)"},
+        {"serve.api_key",
+         "key clients must send as `Authorization: Bearer KEY` (401 otherwise, compared in "
+         "constant time); empty = read it from `serve.api_key_env`"},
+        {"serve.api_key_env",
+         "environment variable holding the key when `serve.api_key` is empty (keeps the key out "
+         "of config files); unset or empty variable = no key"},
+        {"serve.allow_unauthenticated",
+         "serve a non-loopback address without a key; never the default"},
+        {"serve.queue_size",
+         "requests waiting behind the running one; a request beyond it gets 429 with "
+         "`Retry-After`"},
+        {"serve.max_body_bytes", "largest request body in bytes (413 beyond)"},
+        {"serve.max_tokens",
+         "largest `max_tokens` / `max_completion_tokens` a request may ask for (400 beyond); "
+         "also the default when a request names none"},
+        {"serve.request_timeout_s",
+         "deadline from a request's arrival to its last token (504 beyond; checked when it leaves "
+         "the queue and at every generated token)"},
+        {"serve.heartbeat_s",
+         "while no request runs, rank 0 checks every other rank this often (a collective "
+         "under the watchdog); must be below `parallel.timeout_s`"},
+        {"serve.http_threads", "HTTP connections handled at once (waiting requests hold one each)"},
+        {"serve.model_name",
+         "model id in `/v1/models` and in responses; empty = the model file's name"},
         {"output.path", "results JSON (`--out` overrides it)"},
         {"output.csv", "table rows as CSV (`niah`, `bench-ttft`, `eval`)"},
         {"output.name",

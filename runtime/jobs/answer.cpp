@@ -125,9 +125,8 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
     return j;
 }
 
-nlohmann::json run_answer(const Config& cfg, Session& s) {
-    const RequestText text = load_request_text(cfg.request);
-    const PreparedRequest req = prepare_request(s.tok(), s.chat_template(), text, cfg);
+MethodResult answer_request(const Config& cfg, Session& s, const PreparedRequest& req,
+                            const RunHooks& hooks) {
     const Config::Method m = cfg.method.name;
     const bool selects = m == Config::Method::infoflow || m == Config::Method::cacheblend;
     const int T = req.context_tokens();
@@ -136,7 +135,13 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
     progress::note(std::string("method ") + to_string(m) + ": " + std::to_string(T) +
                    " context tokens in " + std::to_string(req.n_chunks()) + " chunks, " +
                    std::to_string(req.suffix.size()) + " suffix tokens");
-    const MethodResult r = run_request(*s.model, req, cfg, *s.comm, s.tok().stop_ids());
+    return run_request(*s.model, req, cfg, *s.comm, s.tok().stop_ids(), hooks);
+}
+
+nlohmann::json run_answer(const Config& cfg, Session& s) {
+    const RequestText text = load_request_text(cfg.request);
+    const PreparedRequest req = prepare_request(s.tok(), s.chat_template(), text, cfg);
+    const MethodResult r = answer_request(cfg, s, req);
     if (s.comm->rank() != 0) return nlohmann::json();
     const std::string answer = s.tok().decode(r.answer);
 

@@ -116,6 +116,7 @@ void ChunkSource::load(const std::vector<int>& which) {
         loaded_ids_.push_back(ci);
         loaded_.push_back(from_stored(model_, s));
         use_.chunks_loaded += 1;
+        use_.loaded_chunks.push_back(ci);
         use_.tokens_loaded += s.size();
         use_.bytes_loaded += store_->document_bytes(key);
     }

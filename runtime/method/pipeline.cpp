@@ -60,7 +60,9 @@ MethodResult run_full(Model& model, const PreparedRequest& req, const Config& cf
     r.ttft_ms = sum_ms(r.phases);
     r.chunk_order = identity_order(req.n_chunks());
     if (!hooks.before_decode || hooks.before_decode(cache, r)) {
-        decode_answer(model, cache, generate_options(cfg, stop_ids), r);
+        GenerateOptions gen = generate_options(cfg, stop_ids);
+        gen.on_token = hooks.on_token;
+        decode_answer(model, cache, gen, r);
         clock.mark("decode");
         if (hooks.after_decode) hooks.after_decode(cache, r);
     }
@@ -240,10 +242,12 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     // reform, h2o, streamingllm read contexts longer than the model's window (reform.h); they
     // have no chunk phase to share and no hook points yet.
     if (is_long_context_method(cfg.method.name)) {
-        IF_CHECK(hooks.chunks == nullptr && !hooks.before_decode && !hooks.after_decode,
+        IF_CHECK(hooks.chunks == nullptr && !hooks.before_decode && !hooks.after_decode &&
+                     !hooks.on_token,
                  "method.name = \"" << to_string(cfg.method.name)
                                     << "\": shared chunks and decode hooks (job sweep's "
-                                       "fidelity) are not implemented yet for this method");
+                                       "fidelity, job serve's streaming) are not implemented "
+                                       "yet for this method");
         return run_long_context(model, req, cfg, stop_ids);
     }
     if (cfg.method.name != Config::Method::full &&
@@ -291,7 +295,8 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
         hooks.chunks != nullptr ||
         (source.uses_store() && cfg.store.mode == Config::StoreMode::read_write) ||
         (cfg.method.name == Config::Method::infoflow && !scores_in_context_cache(cfg));
-    Context x = assemble_context(model, req, cfg, chunks, r.chunk_order, keep_chunks ? nullptr : &own);
+    Context x =
+        assemble_context(model, req, cfg, chunks, r.chunk_order, keep_chunks ? nullptr : &own);
     const Selection s = score_and_select(model, req, cfg, chunks, x);
     if (cfg.method.name != Config::Method::none) clock.mark("scoring");
     recompute(model, x, s);
@@ -303,6 +308,7 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     clock.mark("suffix_prefill");
     r.ttft_ms = sum_ms(r.phases);
     GenerateOptions gen = generate_options(cfg, stop_ids);
+    gen.on_token = hooks.on_token;
     if (x.grouped()) gen.group = 0;
     if (hooks.before_decode && !hooks.before_decode(x.cache, r)) return r;
     decode_answer(model, x.cache, gen, r);

@@ -11,6 +11,7 @@
 #include "runtime/config/config.h"
 #include "runtime/method/chunk_kv.h"
 #include "runtime/method/request.h"
+#include "runtime/model/generate.h"
 #include "runtime/model/model.h"
 
 namespace infoflow {
@@ -39,6 +40,7 @@ struct MethodResult {
     std::vector<float> first_logits;  // [n_vocab] after the last suffix token
     std::vector<int32_t> answer;      // generated ids (stop token excluded)
     bool stopped = false;
+    bool cancelled = false;  // the decode ended because RunHooks::on_token returned false
     std::vector<int32_t> selected_positions;  // recomputed tokens, global positions, sorted
     std::vector<int> chunk_order;             // chunk order used (identity unless reordered)
     int context_tokens = 0;
@@ -52,6 +54,9 @@ struct MethodResult {
     int store_tokens = 0;
     uint64_t store_bytes = 0;
     int store_added = 0;
+    // The context chunks (indices into the request's chunks, >= 1, sorted) loaded from the
+    // store, over all ranks.
+    std::vector<int> store_loaded_chunks;
     // Peak resident memory of each rank's process up to the answer, MiB ([rank]; -1 where the
     // system does not say; filled by run_request).
     std::vector<double> peak_rss_mib;
@@ -86,6 +91,9 @@ struct RunHooks {
     std::function<bool(KvCache& cache, MethodResult& r)> before_decode;
     // Called after decode with the run's cache: the prompt, then the decoded tokens.
     std::function<void(KvCache& cache, MethodResult& r)> after_decode;
+    // Sees every answer token as it is sampled; false ends the decode there (generate.h). The
+    // one hook the distributed pipelines take too (runtime/parallel/run.h; rank 0 calls it).
+    TokenCallback on_token;
 };
 MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
                         const std::vector<int32_t>& stop_ids, const RunHooks& hooks);

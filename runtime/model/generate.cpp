@@ -32,6 +32,10 @@ GenerateResult generate(Model& model, KvCache& cache, const std::vector<float>& 
             break;
         }
         r.tokens.push_back(tok);
+        if (opt.on_token && !opt.on_token(tok)) {
+            r.cancelled = true;
+            break;
+        }
         if (step + 1 == opt.max_new_tokens) break;
         IF_CHECK(next_pos < model.config().n_ctx_train,
                  "decode position " << next_pos << " exceeds the model's "

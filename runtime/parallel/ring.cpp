@@ -176,7 +176,8 @@ std::vector<float> ring_prefill(Model& model, Communicator& comm, const Config& 
 }  // namespace
 
 MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cfg,
-                      Communicator& comm, const std::vector<int32_t>& stop_ids) {
+                      Communicator& comm, const std::vector<int32_t>& stop_ids,
+                      const TokenCallback& on_token) {
     MethodResult r = start_result(model, req, cfg, comm.size());
     r.method = "ring";
     r.chunk_order = identity_order(req.n_chunks());
@@ -191,7 +192,7 @@ MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cf
     r.ttft_ms = r.phases.back().ms;
     clock.begin("decode");
     r.answer = generate_replicated(model, comm, cache, 0, r.first_logits, int(seq.size()), cfg,
-                                   stop_ids, &r.stopped);
+                                   stop_ids, &r.stopped, on_token, &r.cancelled);
     clock.end();
     gather_phases(comm, r);
     return r;

@@ -1,5 +1,5 @@
-// Ring attention (docs/design.md §5.4): exact causal prefill of the whole sequence (context + suffix)
-// over P ranks. Each rank holds a shard of the sequence ("zigzag": 2P blocks, rank r holds
+// Ring attention (docs/design.md §5.4): exact causal prefill of the whole sequence (context +
+// suffix) over P ranks. Each rank holds a shard of the sequence ("zigzag": 2P blocks, rank r holds
 // blocks r and 2P-1-r; "contiguous": rank r holds block P-1-r, so rank 0 always holds the last
 // position); per layer the K/V blocks travel P-1 steps around the ring with non-blocking
 // send/recv overlapped with the current block's attention, partial states LSE-merged.
@@ -19,6 +19,7 @@ namespace infoflow {
 std::vector<std::vector<int32_t>> ring_shards(int n, int n_ranks, bool zigzag);
 
 MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cfg,
-                      Communicator& comm, const std::vector<int32_t>& stop_ids);
+                      Communicator& comm, const std::vector<int32_t>& stop_ids,
+                      const TokenCallback& on_token = {});
 
 }  // namespace infoflow

@@ -85,10 +85,12 @@ std::vector<float> prefill_suffix_exact(Model& model, Communicator& comm,
                                         KvCache& cache);
 // Phase 4, the decode from r.first_logits: "kv" on rank 0 alone; "exact" distributed, rank 0
 // sampling. Fill r.answer and r.stopped.
+// `on_token` (optional): rank 0 sees each token and may end the decode (generate.h).
 void decode_kv(Model& model, Communicator& comm, const Config& cfg,
-               const std::vector<int32_t>& stop_ids, KvCache& cache, MethodResult& r);
+               const std::vector<int32_t>& stop_ids, KvCache& cache, MethodResult& r,
+               const TokenCallback& on_token = {});
 void decode_exact(Model& model, Communicator& comm, const Config& cfg,
                   const std::vector<int32_t>& stop_ids, const Shard& sh, KvCache& cache,
-                  MethodResult& r);
+                  MethodResult& r, const TokenCallback& on_token = {});
 
 }  // namespace infoflow

@@ -1,5 +1,5 @@
-// The driver of the sequence-parallel method: the phases of docs/design.md §5.2 in order (sp_phases.h),
-// timed and their communication counted here alone.
+// The driver of the sequence-parallel method: the phases of docs/design.md §5.2 in order
+// (sp_phases.h), timed and their communication counted here alone.
 #include "runtime/parallel/sp_pipeline.h"
 
 #include "runtime/core/error.h"
@@ -36,7 +36,8 @@ void gather_phases(Communicator& comm, MethodResult& r) {
 }
 
 MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Config& cfg,
-                           Communicator& comm, const std::vector<int32_t>& stop_ids) {
+                           Communicator& comm, const std::vector<int32_t>& stop_ids,
+                           const TokenCallback& on_token) {
     check_recompute_method(cfg, "sequence-parallel");
     IF_CHECK(!cfg.method.reorder, "method.reorder = true runs on one rank only");
     // parallel.placement = "tokens": chunks cut at the even shard edges of these P ranks (§5.1)
@@ -78,9 +79,9 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     r.ttft_ms = sum_ms(r.phases);
     clock.begin("decode");
     if (exact) {
-        decode_exact(model, comm, cfg, stop_ids, sh, p.cache, r);
+        decode_exact(model, comm, cfg, stop_ids, sh, p.cache, r, on_token);
     } else {
-        decode_kv(model, comm, cfg, stop_ids, p.cache, r);
+        decode_kv(model, comm, cfg, stop_ids, p.cache, r, on_token);
     }
     clock.end();
 
@@ -98,6 +99,14 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
         r.store_tokens = int(use[1]);
         r.store_bytes = uint64_t(use[2]);
         r.store_added = int(use[3]);
+        // Which chunks came from the store, over all ranks (each loads its own shard's).
+        std::vector<int32_t> loaded(size_t(req.n_chunks()), 0);
+        for (int ci : r.store_loaded_chunks) loaded[size_t(ci)] = 1;
+        comm.all_reduce(loaded.data(), loaded.size(), DType::i32, ReduceOp::max);
+        r.store_loaded_chunks.clear();
+        for (int ci = 0; ci < req.n_chunks(); ++ci) {
+            if (loaded[size_t(ci)]) r.store_loaded_chunks.push_back(ci);
+        }
     }
     gather_phases(comm, r);
     return r;

@@ -310,3 +310,34 @@ TEST_CASE("sp: a decode budget near INT_MAX is refused by the position check, no
     CHECK_THROWS_WITH(run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop),
                       Catch::Contains("positions") && Catch::Contains("the model"));
 }
+
+TEST_CASE("sp: a token callback on rank 0 ends the decode on every rank", "[sp]") {
+    // Job serve's cancellation (a client that went away): rank 0 refuses the third token; in
+    // the "exact" exchange and in ring attention every rank decodes, so the end must reach them
+    // all with that token (else they would wait in the next step's collectives); in "kv" rank 0
+    // decodes alone.
+    Setup s;
+    for (auto method : {Config::Method::infoflow, Config::Method::ring}) {
+        for (auto ex : {Config::Exchange::kv, Config::Exchange::exact}) {
+            if (method == Config::Method::ring && ex == Config::Exchange::kv) continue;
+            Config cfg = method_config(method, 0.3);
+            cfg.parallel.exchange = ex;
+            cfg.decode.max_new_tokens = 8;
+            const MethodResult all = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+            int calls = 0;
+            RunHooks hooks;
+            hooks.on_token = [&](int32_t) { return ++calls < 3; };
+            const MethodResult cut = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop, hooks);
+            CAPTURE(s.P(), s.rank(), to_string(method), to_string(ex));
+            const bool decodes_here =
+                s.rank() == 0 || ex == Config::Exchange::exact || method == Config::Method::ring;
+            CHECK(calls == (s.rank() == 0 ? 3 : 0));  // only rank 0 is asked
+            if (decodes_here) {
+                CHECK(cut.cancelled);
+                CHECK(cut.answer.size() == 3);
+                CHECK(all.answer.size() == 8);
+                CHECK(std::equal(cut.answer.begin(), cut.answer.end(), all.answer.begin()));
+            }
+        }
+    }
+}
