@@ -61,7 +61,8 @@ const std::map<std::string, std::string>& descriptions() {
         {"model.kv_dtype",
          "storage type of the KV cache: `f32` (the exact reference), `f16` or `bf16` (half the "
          "memory and half the K/V bytes exchanged between ranks; attention widens to fp32 and "
-         "accumulates in fp32; CPU backend only, the cuda backend says not implemented yet)"},
+         "accumulates in fp32; on the cuda backend FlashInfer reads a bf16 cache in place, f32 "
+         "and f16 rows are cast to bf16 for it)"},
         {"model.weights",
          "CPU backend: `native` keeps every matrix in the file's stored type (GGUF "
          "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K/F16/BF16, safetensors F16/BF16; F32 matrices stay fp32; "
