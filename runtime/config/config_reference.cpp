@@ -148,11 +148,13 @@ const std::map<std::string, std::string>& descriptions() {
         {"reform.task_tokens", "`reform-heads`: context tokens of each synthetic task"},
         {"reform.top", "`reform-heads`: heads written to the config snippet"},
         {"parallel.comm",
-         "communicator; `auto` = NCCL with the cuda backend (when built), else MPI when started "
-         "by a launcher, else one rank; `nccl` = device collectives over NCCL (MPI bootstraps it "
-         "and carries host buffers)"},
+         "communicator; `auto` = NCCL with the cuda backend on more than one rank (when built), "
+         "else MPI when started by a launcher, else one rank; `nccl` = device collectives over "
+         "NCCL (MPI bootstraps it and carries host buffers; asked for by name it runs on one rank "
+         "too)"},
         {"parallel.startup_timeout_s",
-         "the same deadline until the start-up checks (config and model identity) are done"},
+         "the same deadline until the start-up checks (config and model identity) are done, "
+         "NCCL's initialization included"},
         {"parallel.timeout_s",
          "deadline in seconds of every blocking collective or wait; a peer that does not arrive "
          "ends the job naming the rank and phase"},
