@@ -111,7 +111,7 @@ TEST_CASE("timeline: 3 ranks, two phases, BSP critical path by hand", "[comm_mod
     }
 }
 
-TEST_CASE("timeline: messages overlap compute; one link carries one message at a time",
+TEST_CASE("timeline: messages overlap compute, one link carries one message at a time",
           "[comm_model]") {
     VirtualTimeline t(2);
     // Both ranks post a message of cost 2 to the other at t = 0, then compute 3 and 1.
@@ -358,7 +358,7 @@ TEST_CASE("thread comm: gather_stats and check_same_config run over virtual rank
     }
 }
 
-TEST_CASE("thread comm: one rank computes at a time; segments and collectives on the timeline",
+TEST_CASE("thread comm: one rank computes at a time, segments and collectives on the timeline",
           "[thread_comm]") {
     using namespace std::chrono;
     const int p = 3;
