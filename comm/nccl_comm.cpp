@@ -419,7 +419,7 @@ class NcclComm final : public Communicator {
         pending_.clear();
         // A peer may never join a clean shutdown while an exception unwinds, and an abandoned
         // started group may never complete: abort then. Otherwise finalize (non-blocking: polled
-        // for at most the op deadline) and destroy.
+        // for at most k_finalize_wait_s, then aborted) and destroy.
         bool error_path = std::uncaught_exceptions() > uncaught_at_init_ || dirty_;
         const char* what = "ncclCommAbort";
         ncclResult_t rc = ncclSuccess;
