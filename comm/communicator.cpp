@@ -595,12 +595,12 @@ std::unique_ptr<Communicator> mpi_communicator(const WatchdogTimeouts&) {
 #if defined(INFOFLOW_HAVE_NCCL)
 constexpr bool k_have_nccl = true;
 std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator> host,
-                                                double timeout_s) {
-    return make_nccl_communicator(std::move(host), timeout_s);
+                                                double timeout_s, double startup_timeout_s) {
+    return make_nccl_communicator(std::move(host), timeout_s, startup_timeout_s);
 }
 #else
 constexpr bool k_have_nccl = false;
-std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator>, double) {
+std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator>, double, double) {
     IF_FAIL("NCCL is not built");
 }
 #endif
@@ -672,7 +672,8 @@ std::string comm_choice(const std::string& kind, const std::string& backend, con
                                     : " (this binary was built without MPI)"));
     }
     const std::string host = w.mpi_up ? "mpi" : "self";
-    if (kind == "nccl" || (backend == "cuda" && w.have_nccl)) {
+    const int ranks = std::max(1, w.mpi_up ? w.mpi_size : w.launcher_size);
+    if (kind == "nccl" || (backend == "cuda" && w.have_nccl && ranks > 1)) {
         if (host_channel) *host_channel = host;
         return "nccl";
     }
@@ -728,6 +729,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind,
     w.have_nccl = k_have_nccl;
     w.mpi_up = mpi_up();
     w.launcher_size = launcher_world_size();
+    w.mpi_size = w.mpi_up ? mpi_world_size() : 0;
     std::string host;
     const std::string choice = comm_choice(kind, options.backend, w, &host);
     const WatchdogTimeouts timeouts{options.timeout_s, options.startup_timeout_s};
@@ -743,7 +745,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind,
         c = mpi_communicator(timeouts);
     } else {
         c = nccl_communicator(host == "mpi" ? mpi_communicator(timeouts) : self(),
-                              options.timeout_s);
+                              options.timeout_s,
+                              options.startup_timeout_s);
     }
     c->set_link(default_link(*c));
     return c;

@@ -331,14 +331,16 @@ std::unique_ptr<CommEnv> init_comm(int* argc, char*** argv, const std::string& k
 
 // What make_communicator needs beyond the kind.
 struct CommOptions {
-    std::string backend = "cpu";  // model.backend: "auto" picks nccl for "cuda" when built
+    std::string backend = "cpu";  // model.backend: "auto" picks nccl for "cuda" on 2+ ranks
     double timeout_s = 600.0;     // parallel.timeout_s: deadline of one wait or device operation
     double startup_timeout_s = 300.0;  // parallel.startup_timeout_s: waits before the start-up
                                        // checks are done (check_same_model ends that period)
 };
 
 // kind: "auto" | "mpi" | "self" | "nccl".
-//   auto: NcclComm when the backend is "cuda" and NCCL is built; otherwise MpiComm over
+//   auto: NcclComm when the backend is "cuda", NCCL is built and the job has more than one rank
+//         (one rank moves nothing between GPUs: NCCL's library, bootstrap and memory are not
+//         brought up for it); otherwise MpiComm over
 //         MPI_COMM_WORLD when built with MPI and MPI is initialized; otherwise, if a launcher
 //         announced more than one rank, an error (MPI is not initialized: the job would silently
 //         run P independent one-rank jobs); otherwise SelfComm.
@@ -360,6 +362,7 @@ struct CommWorld {
     bool have_nccl = false;  // built with NCCL (and CUDA)
     bool mpi_up = false;     // MPI is initialized
     int launcher_size = 0;   // launcher_world_size()
+    int mpi_size = 0;        // MPI_COMM_WORLD's size when MPI is initialized
 };
 std::string comm_choice(const std::string& kind, const std::string& backend, const CommWorld& w,
                         std::string* host_channel = nullptr);

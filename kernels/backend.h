@@ -32,6 +32,10 @@ inline size_t kv_dtype_size(KvDtype t) { return t == KvDtype::f32 ? 4 : 2; }
 inline const char* kv_dtype_name(KvDtype t) {
     return t == KvDtype::f32 ? "f32" : t == KvDtype::f16 ? "f16" : "bf16";
 }
+// n fp32 values <-> KV storage type t (round to nearest even; f32 copies), HOST memory. What
+// Backend::narrow_kv / widen_kv do by default, and the host side of K/V moved to or from files.
+void kv_narrow(KvDtype t, const float* src /*[n]*/, size_t n, void* dst /*[n]*/);
+void kv_widen(KvDtype t, const void* src /*[n]*/, size_t n, float* dst /*[n]*/);
 
 // Move-only owned buffer of floats (or ints, via `as_int`) in a backend's memory.
 class Buffer {
@@ -181,6 +185,12 @@ class Backend {
     virtual void copy(void* dst, const void* src, size_t bytes) = 0;
     // Waits until every op issued so far is done (download does it itself).
     virtual void synchronize() = 0;
+    // The KV cache's conversions, both buffers in backend memory: dst = src in storage type t
+    // (round to nearest even; f32 copies), and back (exact). The defaults convert in place on
+    // the host (kv_narrow / kv_widen): right for a backend whose memory is host memory; a device
+    // backend converts on the device.
+    virtual void narrow_kv(KvDtype t, const float* src /*[n]*/, size_t n, void* dst /*[n]*/);
+    virtual void widen_kv(KvDtype t, const void* src /*[n]*/, size_t n, float* dst /*[n]*/);
 
     // ---- weights ----
     // A host fp32 matrix in the backend's weight storage (CPU: an fp32 copy; CUDA: bf16 on the

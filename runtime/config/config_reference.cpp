@@ -64,7 +64,8 @@ const std::map<std::string, std::string>& descriptions() {
         {"model.kv_dtype",
          "storage type of the KV cache: `f32` (the exact reference), `f16` or `bf16` (half the "
          "memory and half the K/V bytes exchanged between ranks; attention widens to fp32 and "
-         "accumulates in fp32; CPU backend only, the cuda backend says not implemented yet)"},
+         "accumulates in fp32; on the cuda backend FlashInfer reads a bf16 cache in place, f32 "
+         "and f16 rows are cast to bf16 for it)"},
         {"model.weights",
          "CPU backend: `native` keeps every matrix in the file's stored type (GGUF "
          "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K/F16/BF16, safetensors F16/BF16; F32 matrices stay fp32; "
@@ -154,11 +155,13 @@ const std::map<std::string, std::string>& descriptions() {
         {"reform.task_tokens", "`reform-heads`: context tokens of each synthetic task"},
         {"reform.top", "`reform-heads`: heads written to the config snippet"},
         {"parallel.comm",
-         "communicator; `auto` = NCCL with the cuda backend (when built), else MPI when started "
-         "by a launcher, else one rank; `nccl` = device collectives over NCCL (MPI bootstraps it "
-         "and carries host buffers)"},
+         "communicator; `auto` = NCCL with the cuda backend on more than one rank (when built), "
+         "else MPI when started by a launcher, else one rank; `nccl` = device collectives over "
+         "NCCL (MPI bootstraps it and carries host buffers; asked for by name it runs on one rank "
+         "too)"},
         {"parallel.startup_timeout_s",
-         "the same deadline until the start-up checks (config and model identity) are done"},
+         "the same deadline until the start-up checks (config and model identity) are done, "
+         "NCCL's initialization included"},
         {"parallel.timeout_s",
          "deadline in seconds of every blocking collective or wait; a peer that does not arrive "
          "ends the job naming the rank and phase"},

@@ -301,6 +301,34 @@ TEST_CASE("ring equals full for every layout and exchange [6.3]", "[ring]") {
     }
 }
 
+TEST_CASE("ring with an f16 KV cache equals full with one and moves half the bytes", "[ring]") {
+    Setup s;
+    s.tm.m->set_kv_dtype(KvDtype::f16);
+    const MethodResult full =
+        run_method(*s.tm.m, s.req, method_config(Config::Method::full), kNoStop);
+    std::vector<MethodResult> runs;
+    for (auto ex : {Config::RingExchange::p2p, Config::RingExchange::allgather}) {
+        Config cfg = method_config(Config::Method::ring);
+        cfg.ring.exchange = ex;
+        runs.push_back(run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop));
+    }
+    s.tm.m->set_kv_dtype(KvDtype::f32);
+    const ModelConfig& c = s.tm.w.config;
+    const int N = s.req.context_tokens() + int(s.req.suffix.size());
+    // Every block travels as the cache stores it: 2 bytes per element.
+    const uint64_t per_layer =
+        uint64_t(s.P() - 1) * uint64_t(N / s.P()) * 2 * c.n_head_kv * c.head_dim * 2;
+    for (const MethodResult& r : runs) {
+        CAPTURE(s.P(), s.rank());
+        CHECK(r.answer == full.answer);
+        if (s.rank() == 0) CHECK(rel_err(r.first_logits, full.first_logits) <= kTol);
+        const PhaseTime* pre = phase(r, "ring_prefill");
+        REQUIRE(pre != nullptr);
+        CHECK(pre->bytes_sent == per_layer * c.n_layer);
+        CHECK(pre->bytes_recv == per_layer * c.n_layer);
+    }
+}
+
 TEST_CASE("sp: a decode budget near INT_MAX is refused by the position check, not wrapped",
           "[sp][faults]") {
     Setup s;
