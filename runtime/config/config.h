@@ -1,5 +1,5 @@
-// The run configuration of infoflow_sp (docs/design.md §9): one typed field per TOML key, loaded from a
-// config file plus `--set section.key=value` overrides, validated once here (types, ranges,
+// The run configuration of infoflow_sp (docs/design.md §9): one typed field per TOML key, loaded
+// from a config file plus `--set section.key=value` overrides, validated once here (types, ranges,
 // enum names, unknown keys with a "did you mean" hint), every error naming the key and
 // FILE:LINE (or the `--set` argument). The effective config has a canonical JSON form
 // (`to_json`, every key) and a hash of it, compared across ranks at start-up (docs/design.md §11).
@@ -56,9 +56,9 @@ struct Config {
         std::string path =
             "models/SmolLM2-135M-Instruct.Q4_1.gguf";  // GGUF, HF dir, random:<shape>
         Backend backend = Backend::cpu;
-        int threads = 2;            // CPU threads per rank; 0 = all cores (OpenMP default)
-        DType dtype = DType::fp32;  // compute type of weights and activations
-        bool check_finite = true;   // reject NaN/Inf in the loaded weights, naming the tensor
+        int threads = 2;                  // CPU threads per rank; 0 = all cores (OpenMP default)
+        DType dtype = DType::fp32;        // compute type of weights and activations
+        bool check_finite = true;         // reject NaN/Inf in the loaded weights, naming the tensor
         KvDType kv_dtype = KvDType::f32;  // storage type of the KV cache
         Weights weights = Weights::native;  // CPU: matrices kept in the file's stored type
     };
@@ -94,9 +94,16 @@ struct Config {
         Query query = Query::question;
         Aggregate aggregate = Aggregate::norm;
         Layout layout = Layout::global;
-        std::vector<int> layers;  // empty = the model rule of docs/design.md §3.3 (resolve_scoring_layers)
+        std::vector<int>
+            layers;  // empty = the model rule of docs/design.md §3.3 (resolve_scoring_layers)
         Softmax softmax = Softmax::global;
         int block = 512;  // row/column block of the scoring pass, > 0
+        // InfoFlow's selection variants (docs/quality.md); all off = the paper's rule.
+        bool value_norm = false;        // column score x ||v|| of the column at that layer
+        double deviation_weight = 0.0;  // x (CacheBlend's layer-1 deviation)^w; 0 = off
+        int span = 0;                   // scores max-pooled over +-span tokens of a chunk
+        double chunk_decay = 0.0;       // a chunk's m-th best token weighted 1/(1+d*m)
+        double chunk_floor = 0.0;       // share of the budget kept as per-chunk quotas
     };
     struct CacheBlendSection {
         BlendMetric metric = BlendMetric::v;
@@ -129,11 +136,14 @@ struct Config {
     struct ParallelSection {
         Comm comm = Comm::automatic;
         Exchange exchange = Exchange::kv;
-        int emulate_ranks = 0;     // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
-        bool balance = true;       // "kv": helpers run part of the busiest ranks' recompute
+        int emulate_ranks = 0;  // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+        // job sweep: > 1 runs a point's method on this many virtual ranks in one process (the
+        // sequence-parallel code over an in-process communicator); 0/1 = one rank.
+        int virtual_ranks = 0;
+        bool balance = true;  // "kv": helpers run part of the busiest ranks' recompute
         Placement placement = Placement::chunks;  // "tokens": chunks cut at even shard edges
-        double timeout_s = 600.0;  // a peer that does not arrive ends the job (§11)
-        double startup_timeout_s = 300.0;  // the same until the start-up checks are done
+        double timeout_s = 600.0;                 // a peer that does not arrive ends the job (§11)
+        double startup_timeout_s = 300.0;         // the same until the start-up checks are done
     };
     struct RingSection {
         RingLayout layout = RingLayout::zigzag;
@@ -190,6 +200,11 @@ struct Config {
         // at most 4 x cases tries).
         bool full_correct_only = false;
         std::string cases_file;  // also write the cases as eval JSONL; "" = no
+        // The generator's long layout (runtime/jobs/cases.h); all unset = the original layout.
+        std::vector<int> document_tokens;  // {lo, hi}: log-uniform document lengths
+        std::vector<double> depths;        // evidence depths in [0, 1], in turn
+        int distractors = -1;              // documents with a distractor; -1 = every other
+        std::string filler_file;           // filler text; "" = the built-in prose
     };
     // The document KV store (docs/design.md §8; layout in docs/store.md). Replaces the former
     // [cache] section (cache.path, cache.build_from), which is no longer accepted.
@@ -304,8 +319,8 @@ struct ConfigKeyInfo {
 // Every key in config_keys() order.
 std::vector<ConfigKeyInfo> config_key_info();
 
-// Scoring layers for a model of `n_layer` layers (docs/design.md §3.3): `layers` when non-empty (each
-// must be < n_layer, else an error naming scoring.layers); otherwise the measured set of a
+// Scoring layers for a model of `n_layer` layers (docs/design.md §3.3): `layers` when non-empty
+// (each must be < n_layer, else an error naming scoring.layers); otherwise the measured set of a
 // measured depth ([17, 18, 19, 20] for 30 layers, SmolLM2-135M), [22, 23, 24, 25] for other
 // depths >= 26, else the four layers ending at round(0.8 * n_layer), clamped to the model.
 std::vector<int> resolve_scoring_layers(const std::vector<int>& layers, int n_layer);

@@ -74,6 +74,16 @@ struct RunHooks {
     std::function<bool(KvCache& cache, MethodResult& r)> before_decode;
     // Called after decode with the run's cache: the prompt, then the decoded tokens.
     std::function<void(KvCache& cache, MethodResult& r)> after_decode;
+    // Teacher forcing inside a sequence-parallel run (run_method_sp; job sweep on virtual
+    // ranks), where no one rank's cache is the prompt: the tokens of `forced_ref` are fed after
+    // the prompt (over rank 0's cache in "kv", across the ranks in "exact") and their rows of
+    // logits ([max(1, n), n_vocab], row 0 = first_logits) go to `on_forced` on rank 0, which
+    // returns whether to decode (as before_decode does).
+    const std::vector<int32_t>* forced_ref = nullptr;
+    std::function<bool(const std::vector<float>& rows, MethodResult& r)> on_forced;
+    bool empty() const {
+        return !chunks && !before_decode && !after_decode && !forced_ref && !on_forced;
+    }
 };
 MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
                         const std::vector<int32_t>& stop_ids, const RunHooks& hooks);

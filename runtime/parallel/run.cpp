@@ -1,5 +1,6 @@
 #include "runtime/parallel/run.h"
 
+#include "runtime/core/error.h"
 #include "runtime/core/memory.h"
 #include "runtime/method/reform.h"
 #include "runtime/parallel/ring.h"
@@ -10,11 +11,17 @@ namespace infoflow {
 namespace {
 
 MethodResult run_on_ranks(Model& model, const PreparedRequest& req, const Config& cfg,
-                          Communicator& comm, const std::vector<int32_t>& stop_ids) {
+                          Communicator& comm, const std::vector<int32_t>& stop_ids,
+                          const RunHooks& hooks) {
     const Config::Method m = cfg.method.name;
+    const bool sp = comm.size() > 1 && m != Config::Method::ring && m != Config::Method::reform &&
+                    m != Config::Method::full && !is_long_context_method(m);
+    IF_CHECK(hooks.empty() || comm.size() == 1 || sp,
+             "method.name = \"" << to_string(m) << "\" on " << comm.size()
+                                << " ranks with job hooks (job sweep) is not implemented yet");
     if (m == Config::Method::ring) return run_ring(model, req, cfg, comm, stop_ids);
     if (comm.size() == 1) {
-        MethodResult r = run_method(model, req, cfg, stop_ids);
+        MethodResult r = run_method(model, req, cfg, stop_ids, hooks);
         gather_phases(comm, r);
         return r;
     }
@@ -29,14 +36,15 @@ MethodResult run_on_ranks(Model& model, const PreparedRequest& req, const Config
         r.ranks = comm.size();
         return r;
     }
-    return run_method_sp(model, req, cfg, comm, stop_ids);
+    return run_method_sp(model, req, cfg, comm, stop_ids, hooks);
 }
 
 }  // namespace
 
 MethodResult run_request(Model& model, const PreparedRequest& req, const Config& cfg,
-                         Communicator& comm, const std::vector<int32_t>& stop_ids) {
-    MethodResult r = run_on_ranks(model, req, cfg, comm, stop_ids);
+                         Communicator& comm, const std::vector<int32_t>& stop_ids,
+                         const RunHooks& hooks) {
+    MethodResult r = run_on_ranks(model, req, cfg, comm, stop_ids, hooks);
     // Every rank's peak resident memory up to the answer (the process's, model load included).
     const double mine = peak_rss_mib();
     r.peak_rss_mib.assign(size_t(comm.size()), 0.0);

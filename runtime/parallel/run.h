@@ -8,7 +8,10 @@
 
 namespace infoflow {
 
+// `hooks` (job sweep) go to the pipeline that runs: run_method on one rank, run_method_sp on
+// more; other paths (ring, reform, `full` inside a distributed job) take none.
 MethodResult run_request(Model& model, const PreparedRequest& req, const Config& cfg,
-                         Communicator& comm, const std::vector<int32_t>& stop_ids);
+                         Communicator& comm, const std::vector<int32_t>& stop_ids,
+                         const RunHooks& hooks = {});
 
 }  // namespace infoflow
