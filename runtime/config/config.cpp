@@ -667,6 +667,7 @@ const std::vector<Field>& fields() {
         f.push_back(int_field("sweep.seed", sw, &Sw::seed, 0, std::numeric_limits<int64_t>::max()));
         f.push_back(bool_field("sweep.full_correct_only", sw, &Sw::full_correct_only));
         f.push_back(string_field("sweep.cases_file", sw, &Sw::cases_file));
+        f.push_back(int_field("sweep.first_case", sw, &Sw::first_case, 0));
         f.push_back(int_array_field("sweep.document_tokens", sw, &Sw::document_tokens, 8, false));
         f.push_back(float_array_field("sweep.depths", sw, &Sw::depths, 0.0, 1.0));
         f.push_back(int_field("sweep.distractors", sw, &Sw::distractors, -1));

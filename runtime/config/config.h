@@ -200,6 +200,7 @@ struct Config {
         // at most 4 x cases tries).
         bool full_correct_only = false;
         std::string cases_file;  // also write the cases as eval JSONL; "" = no
+        int first_case = 0;      // generator index of the first case tried (shards of a run)
         // The generator's long layout (runtime/jobs/cases.h); all unset = the original layout.
         std::vector<int> document_tokens;  // {lo, hi}: log-uniform document lengths
         std::vector<double> depths;        // evidence depths in [0, 1], in turn

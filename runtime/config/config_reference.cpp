@@ -252,6 +252,9 @@ const std::map<std::string, std::string>& descriptions() {
         {"sweep.full_correct_only",
          "keep only cases `full` answers correctly (at most 4 x `sweep.cases` are tried)"},
         {"sweep.cases_file", "also write the cases as `eval` JSONL; empty = no"},
+        {"sweep.first_case",
+         "generator index of the first case tried: shards of one long run in separate processes "
+         "(e.g. 0 and 1000), their row logs concatenated (docs/quality.md)"},
         {"sweep.document_tokens",
          "long layout: `[lo, hi]`, each document's length drawn log-uniform in [lo, hi] tokens, "
          "then scaled together to fill `sweep.context_tokens`; empty = equal lengths "

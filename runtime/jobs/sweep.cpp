@@ -202,10 +202,11 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
         }()
             .c_str(),
         cfg.sweep.reference.c_str());
-    std::printf("cases      : ~%d context tokens in %d documents, %s layout, seed %llu%s\n",
+    std::printf("cases      : ~%d context tokens in %d documents, %s layout, seed %llu, from case "
+                "%d%s\n",
                 cfg.sweep.context_tokens, cfg.sweep.documents,
                 spec.long_layout() ? "long" : "original",
-                static_cast<unsigned long long>(cfg.sweep.seed),
+                static_cast<unsigned long long>(cfg.sweep.seed), cfg.sweep.first_case,
                 cfg.sweep.full_correct_only ? ", only cases full answers correctly" : "");
     std::printf("points     :");
     for (const Point& p : points) std::printf(" [%s]", p.label.c_str());
@@ -226,7 +227,8 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
     int kept = 0, tried = 0;
     // Per kind/relation: cases generated and how many `full` answered correctly.
     std::map<std::string, std::pair<int, int>> by_relation;
-    for (int idx = 0; kept < cfg.sweep.cases && idx < max_tries; ++idx) {
+    const int first = cfg.sweep.first_case;
+    for (int idx = first; kept < cfg.sweep.cases && idx < first + max_tries; ++idx) {
         ++tried;
         const QualityCase qc = make_case(spec, idx, count);
         const PreparedRequest req = prepare_request(
@@ -471,6 +473,7 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
     out["reference"] = "full";
     out["teacher_forced_reference"] = cfg.sweep.reference;
     out["case_spec"] = case_spec_json(spec);
+    out["case_spec"]["first_case"] = cfg.sweep.first_case;
     out["cases_kept"] = kept;
     out["cases_generated"] = tried;
     out["full_correct_by_relation"] = full_by_relation;

@@ -172,6 +172,7 @@ documents = 3
 seed = 9
 full_correct_only = true
 cases_file = "out/cases.jsonl"
+first_case = 5
 document_tokens = [100, 400]
 depths = [0, 1]
 distractors = 2
@@ -344,6 +345,7 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.sweep.seed == 9);
     CHECK(c.sweep.full_correct_only);
     CHECK(c.sweep.cases_file == "out/cases.jsonl");
+    CHECK(c.sweep.first_case == 5);
     CHECK(c.sweep.document_tokens == std::vector<int>{100, 400});
     CHECK(c.sweep.depths == std::vector<double>{0.0, 1.0});
     CHECK(c.sweep.distractors == 2);
