@@ -202,12 +202,12 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
         }()
             .c_str(),
         cfg.sweep.reference.c_str());
-    std::printf("cases      : ~%d context tokens in %d documents, %s layout, seed %llu, from case "
-                "%d%s\n",
-                cfg.sweep.context_tokens, cfg.sweep.documents,
-                spec.long_layout() ? "long" : "original",
-                static_cast<unsigned long long>(cfg.sweep.seed), cfg.sweep.first_case,
-                cfg.sweep.full_correct_only ? ", only cases full answers correctly" : "");
+    std::printf(
+        "cases      : ~%d context tokens in %d documents, %s layout, seed %llu, from case "
+        "%d%s\n",
+        cfg.sweep.context_tokens, cfg.sweep.documents, spec.long_layout() ? "long" : "original",
+        static_cast<unsigned long long>(cfg.sweep.seed), cfg.sweep.first_case,
+        cfg.sweep.full_correct_only ? ", only cases full answers correctly" : "");
     std::printf("points     :");
     for (const Point& p : points) std::printf(" [%s]", p.label.c_str());
     std::printf("\n");
@@ -271,6 +271,7 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
         const double chunk_ms =
             std::chrono::duration<double, std::milli>(Clock::now() - t_chunks).count();
 
+        std::vector<json> case_rows(points.size() + 1);  // full, then the points in order
         auto record = [&](PointValues& pv, const std::string& label, const MethodResult& r,
                           const std::vector<float>& rows_m, bool is_full, const Config& pcfg,
                           const EmulatedTiming* vt) {
@@ -330,13 +331,16 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
                 pv.v[m].push_back(x.is_boolean() ? double(x.get<bool>()) : x.get<double>());
             }
             pv.correct_by_kind[qc.kind].push_back(correct);
-            rows.push_back(row);
-            row_log.append(row);
+            case_rows[&pv == &full_vals ? 0 : size_t(&pv - vals.data()) + 1] = std::move(row);
             return correct;
         };
         record(full_vals, "full", full, full_rows, true, full_cfg, nullptr);
         double acc_sum = 0.0, kl_sum = 0.0;
-        for (size_t pi = 0; pi < points.size(); ++pi) {
+        // The points run in an order rotated by one per case, so that whatever the first run
+        // after the chunk prefill pays (fresh pages of its caches) falls on every point alike;
+        // their rows are written in point order.
+        for (size_t step = 0; step < points.size(); ++step) {
+            const size_t pi = (step + size_t(kept - 1)) % points.size();
             const Point& p = points[pi];
             if (p.cfg.method.name == Config::Method::full) {
                 acc_sum += record(vals[pi], p.label, full, full_rows, true, p.cfg, nullptr);
@@ -384,6 +388,10 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
             acc_sum += record(vals[pi], p.label, r, rows_m, false, p.cfg,
                               P > 1 ? &virtual_timing : nullptr);
             kl_sum += vals[pi].v["mean_kl"].back();
+        }
+        for (json& row : case_rows) {
+            row_log.append(row);
+            rows.push_back(std::move(row));
         }
         sweep.step();
         std::printf(
