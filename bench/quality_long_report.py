@@ -3,9 +3,10 @@
 bench/results/quality-long-smollm2.md.
 
 Reads sweep results (the final JSON or the row log FILE.jsonl[.gz] of a run still going or
-stopped) and recomputes every statistic from the rows with the job's bootstrap
-(bench/quality_report.py: 2000 resamples, SplitMix64, 95 %), on the cases every point of a file
-finished, so the paired comparisons pair.
+stopped; FILE may be a comma-separated list of the shards of one run, sweep.first_case) and
+recomputes every statistic from the rows with the job's bootstrap (bench/quality_report.py:
+2000 resamples, SplitMix64, 95 %), on the cases every point of a file finished, so the paired
+comparisons pair.
 
 Usage:
     python3 bench/quality_long_report.py \\
@@ -40,6 +41,14 @@ BASE = "method.name=infoflow"
 CB = "method.name=cacheblend"
 EPIC = "method.name=epic"
 TIME_LIMIT = 1.2  # docs/quality.md decision rule: at most 1.2x InfoFlow's online time
+
+
+def load_all(paths):
+    """Rows of one or more files (comma-separated: the shards of one run, sweep.first_case)."""
+    rows = []
+    for path in paths.split(","):
+        rows += load_rows(path)
+    return rows
 
 
 def labelled(arg):
@@ -117,7 +126,7 @@ def pareto_plot(plt, pts, cases, title, path):
 
 
 def methods_section(label, path, plt, args):
-    pts, cases = by_point(load_rows(path))
+    pts, cases = by_point(load_all(path))
     order = ["full"] + [p for p in pts if p != "full"]
     md = [f"### {label}: methods at ratio {args.ratio_default}", ""]
     md += method_table(pts, cases, order, BASE, f"{label} (n = {len(cases)})")[2:] + [""]
@@ -140,7 +149,7 @@ def methods_section(label, path, plt, args):
 
 
 def ratio_section(path, plt, args):
-    pts, cases = by_point(load_rows(path))
+    pts, cases = by_point(load_all(path))
     curve = {}
     for p in pts:
         if p == "full":
@@ -197,7 +206,7 @@ def ratio_section(path, plt, args):
 
 
 def ranks_section(path):
-    rows = load_rows(path)
+    rows = load_all(path)
     pts, cases = by_point(rows)
     md = ["### P ranks (virtual ranks, the sequence-parallel code)", "",
           f"n = {len(cases)} cases; paired KL differences against the one-rank `{BASE}`; "
@@ -219,7 +228,7 @@ def ranks_section(path):
 
 
 def variants_section(label, path):
-    pts, cases = by_point(load_rows(path))
+    pts, cases = by_point(load_all(path))
     points = [p for p in pts if p != "full"]
     md = [f"### Development set, {label}: selection variants (n = {len(cases)})", "",
           "Paired KL differences on the same cases (negative = closer to full); ms ratio = "
@@ -239,7 +248,7 @@ def heldout_section(files):
           "passes |", "|---|---|---|---|---|---|---|---|---|"]
     verdict = {}
     for label, path in files:
-        pts, cases = by_point(load_rows(path))
+        pts, cases = by_point(load_all(path))
         for p in pts:
             if method_of(p)[0] != "infoflow" or p == "full":
                 continue
