@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
                     KvCache cache = model.make_cache(decode_ctx + gen);
                     std::vector<float> logits = model.forward(cache, tokens, pos);
                     const auto t0 = std::chrono::steady_clock::now();
+                    const Model::DecodeScope decoding(model);  // the runtime's decode kernels
                     for (int g = 0; g < gen; ++g) {
                         const int32_t next_tok = argmax_of(logits);
                         logits = model.forward(cache, {next_tok}, {decode_ctx + g});

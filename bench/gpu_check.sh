@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpu.md): one prepared script for a GPU machine that is lent only briefly
-# (about 15 minutes in all, one command of at most 10 minutes; nothing installable there, no MPI,
-# no network).
+# (about 15 minutes in all, one command of at most 10 minutes, at most 8 files back from $OUT;
+# nothing installable there, no MPI, no network).
 #
 #   bench/gpu_check.sh --pack [DIR]      here: build for the device machine into build-gpu/
 #                                        (CUDA arch 90, no MPI, no HDF5, cudart and OpenBLAS
@@ -12,17 +12,25 @@
 #                                        git-ignored), then print the `carry` list.
 #   bench/gpu_check.sh [--pack-dir DIR] [--budget SECONDS]
 #                                        on the device: every step, each under its own timeout
-#                                        and all within the budget (default 540 s), logs and
-#                                        JSON under $OUT, the tables and a summary line.
+#                                        and all within the budget (default 480 s).
 #   bench/gpu_check.sh --dry-run [--build DIR] [--out DIR]
 #                                        here (CI): the same steps with the binaries of DIR
 #                                        (default build/) on the CPU backend at tiny shapes
-#                                        (random:tiny, 256/512 tokens, 2 emulated ranks).
-# Steps: the GPU tests (CTest label gpu: op tests, FlashInfer, NCCL, the SmolLM2 cuda-vs-cpu
-# model test), bench_gpu_ops (GEMM and attention TFLOP/s), single-GPU `full` TTFT at 8K/16K/32K
-# on random:llama-3.1-8b, and the 4-rank table (single, ring, InfoFlow) emulated on the one GPU
-# (bench.emulate_timing). Exit status 0: every step ran and (on the device) every target of the
-# acceptance list was met; bench/gpu_check_report.py prints which.
+#                                        (random:tiny, 256/512 tokens, 2 emulated ranks); fails
+#                                        if the output folder would hold more than 8 files.
+# Steps, the most important evidence first: the GPU op tests against the CPU backend (CTest label
+# gpu: ops, FlashInfer), model equality (generated models, the SmolLM2 cuda-vs-cpu test), GEMM
+# and attention TFLOP/s (bench_gpu_ops), single-GPU `full` TTFT at 8K/16K/32K on
+# random:llama-3.1-8b, the NCCL tests on one rank, then the 4-rank table (ring, InfoFlow)
+# emulated on the one GPU; the TTFT steps one per length. Each step has its own timeout; a
+# failure or timeout loses that step alone.
+# What $OUT holds (4 files): summary.json (every step's status, time and figures, rewritten
+# after every step, so a killed run still leaves it), logs.tar.gz (every step's log, rewritten
+# after every step) and the TTFT JSONs (ttft_single.json, ttft_emulated.json: the rows of the
+# per-length steps so far, merged after every step); the steps' own --out files, CSVs and logs
+# stay in a work folder outside $OUT. Exit status 0: every step ran and (on the device) every
+# target of the acceptance list was met; the printed table and bench/gpu_check_report.py's
+# summary line say which.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,7 +41,7 @@ mode="device"
 pack_dir="$root/out/gpu-pack"
 build_dir=""
 out_dir=""
-budget=540
+budget=480
 while [ $# -gt 0 ]; do
     case "$1" in
         --pack)
@@ -44,7 +52,7 @@ while [ $# -gt 0 ]; do
         --build) build_dir="$2"; shift ;;
         --out) out_dir="$2"; shift ;;
         --budget) budget="$2"; shift ;;
-        -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,33p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -130,104 +138,162 @@ do_pack() {
 }
 
 # ---- steps (device and dry run) ---------------------------------------------------------------
+# $OUT: what comes back (summary.json, logs.tar.gz, ttft_single.json, ttft_emulated.json). $RUN:
+# everything else (logs, steps.jsonl, each step's --out and CSV), outside $OUT.
 start_s=$(date +%s)
-record() {  # name status seconds note [skip_ok]
-    python3 -c 'import json, sys
-print(json.dumps({"step": sys.argv[1], "status": sys.argv[2], "seconds": float(sys.argv[3]),
-                  "note": sys.argv[4], "skip_ok": sys.argv[5] == "1"}))' \
-        "$1" "$2" "$3" "$4" "${5:-0}" >> "$OUT/steps.jsonl"
-    printf '  %-34s %-8s %7.1f s  %s\n' "$1" "$2" "$3" "$4"
+max_out_files=8
+
+# Rewrites $OUT/summary.json and $OUT/logs.tar.gz from what $RUN holds (atomically: a kill in
+# the middle leaves the previous versions); returns the report's exit status.
+publish() {  # [--final]
+    local rc=0
+    python3 "$root/bench/gpu_check_report.py" "$OUT" "$RUN" "$mode_name" "$@" > "$RUN/report.txt" \
+        2>&1 || rc=$?
+    tar -C "$RUN" -czf "$OUT/.logs.tar.gz.part" logs steps.jsonl report.txt 2> /dev/null &&
+        mv -f "$OUT/.logs.tar.gz.part" "$OUT/logs.tar.gz"
+    return "$rc"
 }
 
-# run_step NAME TIMEOUT SKIP_RC CMD...: runs CMD with its output in $OUT/logs/NAME.log.
+json_str() {  # a JSON string literal of $1 (control characters dropped)
+    local x="${1//\\/\\\\}"
+    x="${x//\"/\\\"}"
+    printf '"%s"' "$(printf '%s' "$x" | tr -d '\000-\037')"
+}
+
+record() {  # name status seconds note [skip_ok]
+    printf '{"step": %s, "status": %s, "seconds": %s, "note": %s, "skip_ok": %s}\n' \
+        "$(json_str "$1")" "$(json_str "$2")" "$3" "$(json_str "$4")" \
+        "$([ "${5:-0}" = 1 ] && echo true || echo false)" >> "$RUN/steps.jsonl"
+    printf '  %-30s %-10s %7.1f s  %s\n' "$1" "$2" "$3" "$4"
+    publish || true
+}
+
+# run_step NAME TIMEOUT SKIP_RC CMD...: runs CMD with its output in $RUN/logs/NAME.log, under
+# its own timeout (capped by what is left of the budget). Status: passed, failed, timed out,
+# skipped (exit SKIP_RC) or not run (budget spent).
 run_step() {
     local name="$1" limit="$2" skip_rc="$3"
     shift 3
     local left=$((start_s + budget - $(date +%s)))
     if [ "$left" -lt 20 ]; then
-        record "$name" "not-run" 0 "budget of ${budget} s spent"
+        record "$name" "not run" 0 "budget of ${budget} s spent"
         return
     fi
     [ "$limit" -gt $((left - 10)) ] && limit=$((left - 10))
-    local log="$OUT/logs/${name//[^A-Za-z0-9_.-]/_}.log"
+    local log="$RUN/logs/${name//[^A-Za-z0-9_.-]/_}.log"
     local t0 t1 rc status note=""
+    # The step under way goes into summary.json first: a run killed now still says where.
+    printf '{"step": %s, "status": "running", "limit_s": %s}\n' "$(json_str "$name")" "$limit" \
+        > "$RUN/running.json"
+    publish || true
     t0=$(date +%s.%N)
     timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
     rc=$?
     t1=$(date +%s.%N)
+    rm -f "$RUN/running.json"
     if [ "$rc" -eq 0 ]; then
-        status="pass"
+        status="passed"
     elif [ "$rc" -eq "$skip_rc" ]; then
-        status="skip"
+        status="skipped"
         note="exit $rc: $(grep -m1 -io 'no .*device[^.]*' "$log" || echo skipped)"
     elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-        status="timeout"
+        status="timed out"
         note="killed after $limit s"
     else
-        status="fail"
-        note="exit $rc: $(grep -m1 -i 'error' "$log" | cut -c1-160)"
+        status="failed"
+        note="exit $rc: $(grep -m1 -iE 'error|FAIL' "$log" | cut -c1-160)"
     fi
     record "$name" "$status" "$(awk "BEGIN { print $t1 - $t0 }")" "$note"
 }
 
-run_checks() {  # mode bin_dir tests_json model_dir
-    local mode="$1" bin="$2" tests_json="$3" model_dir="$4"
-    local backend="cuda" model="random:llama-3.1-8b" lengths="[8192,16384,32768]" ranks=4
-    local runs=3 warmup=1 t_test=300 t_ttft=200 t_emul=330
-    if [ "$mode" = "dry-run" ]; then
-        backend="cpu" model="random:tiny" lengths="[256,512]" ranks=2 runs=1 warmup=0
-        t_test=120 t_ttft=60 t_emul=60
-    fi
-    echo "== steps ($mode; budget ${budget} s; logs and JSON in $OUT)"
+# The GPU tests of the pack's list whose names contain the patterns, in the patterns' order ("+":
+# every test not named by an earlier pattern; "-P": none whose name contains P), each a step.
+run_tests() {  # tests_json bin model_dir t_test PATTERN...
+    local tests_json="$1" bin="$2" model_dir="$3" t_test="$4" line
+    shift 4
+    while IFS= read -r line; do
+        eval "run_test $line"
+    done < <(python3 "$root/bench/gpu_check_tests.py" plan "$tests_json" "$bin" "$root" "$@")
+}
 
-    # 1. GPU tests, with the source tree and the binaries substituted, from the model's folder.
-    local n_tests
-    n_tests=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))))' "$tests_json")
-    if [ "$n_tests" -eq 0 ]; then
-        record "gpu-tests" "skip" 0 "no GPU tests in this build" 1
+run_test() {  # NAME SKIP_RC TIMEOUT ENV... -- CMD...
+    local name="$1" skip_rc="$2" limit="$3" envs=()
+    shift 3
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    [ "$limit" -gt "$t_test" ] && limit=$t_test
+    if [[ "$name" == *model* ]] && [ ! -f "$model_dir/models/$model_name" ]; then
+        record "test:$name" "not run" 0 \
+            "$(cat "$pack_dir/model-note.txt" 2> /dev/null || echo "no $model_name")"
+        return
     fi
-    local i
-    for ((i = 0; i < n_tests; ++i)); do
-        local name skip_rc limit cmd=() envs=()
-        name=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[int(sys.argv[2])]["name"])' "$tests_json" "$i")
-        skip_rc=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[int(sys.argv[2])]["skip_rc"])' "$tests_json" "$i")
-        limit=$(python3 -c 'import json, sys; print(min(int(sys.argv[3]), json.load(open(sys.argv[1]))[int(sys.argv[2])]["timeout"]))' "$tests_json" "$i" "$t_test")
-        mapfile -t cmd < <(python3 -c 'import json, sys
-t = json.load(open(sys.argv[1]))[int(sys.argv[2])]
-for c in t["command"]:
-    print(c.replace("{bin}", sys.argv[3]).replace("{src}", sys.argv[4]))' "$tests_json" "$i" "$bin" "$root")
-        mapfile -t envs < <(python3 -c 'import json, sys
-for e in json.load(open(sys.argv[1]))[int(sys.argv[2])]["env"]: print(e)' "$tests_json" "$i")
-        if [[ "$name" == *model* ]] && [ ! -f "$model_dir/models/$model_name" ]; then
-            record "test:$name" "not-run" 0 "$(cat "$pack_dir/model-note.txt" 2> /dev/null || echo "no $model_name")"
-            continue
-        fi
-        (cd "$model_dir" && run_step "test:$name" "$limit" "$skip_rc" env "${envs[@]}" "${cmd[@]}")
-    done
+    (cd "$model_dir" && run_step "test:$name" "$limit" "$skip_rc" env "${envs[@]}" "$@")
+}
+
+run_checks() {  # bin_dir tests_json model_dir
+    local bin="$1" tests_json="$2" model_dir="$3"
+    local backend="cuda" model="random:llama-3.1-8b" lengths=(8192 16384 32768) ranks=4
+    local runs=3 warmup=1 emul_runs=2 t_test=150 t_single=(60 80 120) t_emul=(100 130 200)
+    if [ "$mode_name" = "dry-run" ]; then
+        backend="cpu" model="random:tiny" lengths=(256 512) ranks=2 runs=1 warmup=0 emul_runs=1
+        t_test=120 t_single=(60 60) t_emul=(60 60)
+    fi
+    echo "== steps ($mode_name; budget ${budget} s; $OUT: summary.json, logs.tar.gz, TTFT JSONs)"
+    grep -q '"name"' "$tests_json" || record "gpu-tests" "skipped" 0 "no GPU tests in this build" 1
+
+    # 1. Op tests against the CPU backend, then model equality (cuda = cpu).
+    run_tests "$tests_json" "$bin" "$model_dir" "$t_test" ops attn flashinfer random model
 
     # 2. GEMM and attention throughput.
     if [ -x "$bin/bench_gpu_ops" ]; then
-        run_step "bench_gpu_ops" 120 77 "$bin/bench_gpu_ops" --runs 20 --warmup 3
-        grep -h '^{"bench":"gpu_ops"' "$OUT/logs/bench_gpu_ops.log" > "$OUT/gpu_ops.jsonl" || true
+        run_step "bench_gpu_ops" 90 77 "$bin/bench_gpu_ops" --runs 20 --warmup 3
     else
-        record "bench_gpu_ops" "skip" 0 "bench_gpu_ops not built (needs CUDA and FlashInfer)" \
-            "$([ "$mode" = dry-run ] && echo 1 || echo 0)"
+        record "bench_gpu_ops" "skipped" 0 "bench_gpu_ops not built (needs CUDA and FlashInfer)" \
+            "$([ "$mode_name" = dry-run ] && echo 1 || echo 0)"
     fi
 
-    # 3. Single-rank full TTFT, then 4. the emulated table.
+    # 3. Single-GPU full TTFT, one step per length (one process, no NCCL: parallel.comm =
+    #    "self"). Each step's --out goes to $RUN; the report merges the rows into
+    #    $OUT/ttft_single.json after every step, so a step that times out loses its length alone.
     local common=(--config "$root/configs/gpu-check.toml" --set "model.backend=\"$backend\""
-        --set "model.path=\"$model\"" --set "bench.lengths=$lengths" --set "bench.runs=$runs"
-        --set "bench.warmup=$warmup")
-    run_step "ttft_single" "$t_ttft" -1 "$bin/infoflow_sp" "${common[@]}" \
-        --set 'bench.methods=["full"]' --out "$OUT/ttft_single.json"
-    run_step "ttft_emulated_${ranks}ranks" "$t_emul" -1 "$bin/infoflow_sp" "${common[@]}" \
-        --set 'bench.methods=["full","ring","infoflow"]' --set "parallel.emulate_ranks=$ranks" \
-        --set "bench.emulate_timing=true" --out "$OUT/ttft_emulated.json"
+        --set "model.path=\"$model\"" --set 'parallel.comm="self"')
+    local i n
+    for i in "${!lengths[@]}"; do
+        n=${lengths[$i]}
+        run_step "ttft_single_${n}" "${t_single[$i]}" -1 "$bin/infoflow_sp" "${common[@]}" \
+            --set "bench.lengths=[$n]" --set "bench.runs=$runs" --set "bench.warmup=$warmup" \
+            --set 'bench.methods=["full"]' --set "output.csv=\"$RUN/ttft_single_${n}.csv\"" \
+            --out "$RUN/ttft_single_${n}.json"
+    done
 
-    python3 "$root/bench/gpu_check_report.py" "$OUT" "$mode"
-    local rc=$?
+    # 4. The NCCL communicator on one rank (init, ops, watchdog, the point-to-point stream), and
+    #    any GPU test not named above.
+    run_tests "$tests_json" "$bin" "$model_dir" "$t_test" -ops -attn -flashinfer -random -model \
+        nccl +
+
+    # 5. The emulated table, one step per length (its own --out, merged into
+    #    $OUT/ttft_emulated.json; `single` is step 3's row; no warm-up: every run is a sample).
+    for i in "${!lengths[@]}"; do
+        n=${lengths[$i]}
+        run_step "ttft_emulated_${n}" "${t_emul[$i]}" -1 "$bin/infoflow_sp" "${common[@]}" \
+            --set "bench.lengths=[$n]" --set "bench.runs=$emul_runs" --set "bench.warmup=0" \
+            --set 'bench.methods=["ring","infoflow"]' --set "parallel.emulate_ranks=$ranks" \
+            --set "bench.emulate_timing=true" --set "output.csv=\"$RUN/ttft_emulated_${n}.csv\"" \
+            --out "$RUN/ttft_emulated_${n}.json"
+    done
+
+    local rc=0
+    publish --final || rc=1
+    cat "$RUN/report.txt"
+    local files
+    files=$(find "$OUT" -type f | wc -l)
+    echo "files in $OUT: $files (at most $max_out_files come back): $(cd "$OUT" && ls | tr '\n' ' ')"
+    if [ "$files" -gt "$max_out_files" ]; then
+        echo "gpu_check.sh: error: $OUT holds $files files, more than the $max_out_files that come back" >&2
+        rc=1
+    fi
     echo "total: $(($(date +%s) - start_s)) s"
-    return $rc
+    return "$rc"
 }
 
 # Directories holding cuBLAS / NCCL inside the device's python (its PyTorch wheels).
@@ -254,40 +320,51 @@ case "$mode" in
         do_pack
         ;;
     dry-run)
+        mode_name="dry-run"
         build_dir="${build_dir:-$root/build}"
         [ -x "$build_dir/infoflow_sp" ] || die "no $build_dir/infoflow_sp: build first (launch/build.sh)"
         OUT="${out_dir:-${OUT:-$(mktemp -d)}}"
-        mkdir -p "$OUT/logs"
-        : > "$OUT/steps.jsonl"
-        gpu_test_list "$build_dir" > "$OUT/gpu_tests.json" || die "cannot list the GPU tests of $build_dir"
+        RUN="$(mktemp -d)"
+        trap 'rm -rf "$RUN"' EXIT
+        mkdir -p "$OUT" "$RUN/logs"
+        rm -f "$OUT"/summary.json "$OUT"/logs.tar.gz "$OUT"/ttft_*.json
+        : > "$RUN/steps.jsonl"
+        gpu_test_list "$build_dir" > "$RUN/gpu_tests.json" || die "cannot list the GPU tests of $build_dir"
         export OMP_WAIT_POLICY=passive
-        run_checks dry-run "$build_dir" "$OUT/gpu_tests.json" "$root"
+        run_checks "$build_dir" "$RUN/gpu_tests.json" "$root"
         exit $?
         ;;
     device)
+        mode_name="device"
         [ -f "$pack_dir/gpu-pack.tar.xz" ] || die "no $pack_dir/gpu-pack.tar.xz: run bench/gpu_check.sh --pack here first"
         OUT="${out_dir:-${OUT:-$root/out/gpu-check}}"
-        mkdir -p "$OUT/logs"
-        : > "$OUT/steps.jsonl"
         work="${TMPDIR:-/tmp}/infoflow-gpu-check"
-        rm -rf "$work" && mkdir -p "$work" || die "cannot create $work"
+        RUN="$work/run"
+        rm -rf "$work" && mkdir -p "$work" "$RUN/logs" "$OUT" || die "cannot create $work"
+        rm -f "$OUT"/summary.json "$OUT"/logs.tar.gz "$OUT"/ttft_*.json
+        : > "$RUN/steps.jsonl"
         t0=$(date +%s)
         xz -dc "$pack_dir/gpu-pack.tar.xz" | tar -C "$work" -xf - || die "cannot unpack the pack"
         mkdir -p "$work/pack/models"
         [ -f "$pack_dir/$model_name" ] && ln -sf "$pack_dir/$model_name" "$work/pack/models/$model_name"
-        echo "unpacked in $(($(date +%s) - t0)) s: $(cat "$work/pack/build-info.txt" | head -1)"
-        python3 -c "import nvidia.cublas, nvidia.nccl" 2> "$OUT/logs/python_nvidia.log" &&
-            echo "python3: nvidia.cublas and nvidia.nccl import" ||
-            echo "warning: python3 -c 'import nvidia.cublas, nvidia.nccl' failed (see logs)"
+        {
+            echo "unpacked in $(($(date +%s) - t0)) s: $(head -1 "$work/pack/build-info.txt")"
+            python3 -c "import nvidia.cublas, nvidia.nccl" 2>&1 &&
+                echo "python3: nvidia.cublas and nvidia.nccl import" ||
+                echo "warning: python3 -c 'import nvidia.cublas, nvidia.nccl' failed"
+        } > "$RUN/logs/setup.log" 2>&1
         nv="$(nvidia_lib_dirs)"
-        [ -n "$nv" ] || echo "warning: no cuBLAS/NCCL libraries found under python3's nvidia/ folder"
+        [ -n "$nv" ] || echo "warning: no cuBLAS/NCCL libraries found under python3's nvidia/ folder" >> "$RUN/logs/setup.log"
         export LD_LIBRARY_PATH="$work/pack/lib${nv:+:$nv}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-        echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-        command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
-            --format=csv,noheader | tee "$OUT/device.txt"
-        ldd "$work/pack/bin/infoflow_sp" | grep -i 'not found' && echo "warning: missing libraries"
+        {
+            echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+            command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
+                --format=csv,noheader
+            ldd "$work/pack/bin/infoflow_sp" | grep -i 'not found' && echo "warning: missing libraries"
+        } >> "$RUN/logs/setup.log" 2>&1
+        cat "$RUN/logs/setup.log"
         export OMP_WAIT_POLICY=passive
-        run_checks device "$work/pack/bin" "$work/pack/gpu_tests.json" "$work/pack"
+        run_checks "$work/pack/bin" "$work/pack/gpu_tests.json" "$work/pack"
         exit $?
         ;;
 esac

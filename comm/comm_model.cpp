@@ -6,6 +6,39 @@
 
 namespace infoflow {
 
+const char* link_kind_name(LinkKind k) {
+    switch (k) {
+        case LinkKind::shm: return "shm";
+        case LinkKind::tcp: return "tcp";
+        case LinkKind::ib: return "ib";
+        case LinkKind::nvlink: return "nvlink";
+        case LinkKind::emulated: return "emulated";
+    }
+    return "?";
+}
+
+LinkModel link_defaults(LinkKind k) {
+    LinkModel m;  // nvlink, and the emulated link unless the world says otherwise
+    switch (k) {
+        case LinkKind::shm:
+            m.alpha_us = 1.0;
+            m.beta_gbs = 8.0;
+            break;
+        case LinkKind::tcp:
+            m.alpha_us = 30.0;
+            m.beta_gbs = 1.2;
+            break;
+        case LinkKind::ib:
+            m.alpha_us = 3.0;
+            m.beta_gbs = 12.0;
+            break;
+        case LinkKind::nvlink:
+        case LinkKind::emulated:
+            break;
+    }
+    return m;
+}
+
 double LinkModel::step_ms(double bytes) const {
     return alpha_us * 1e-3 + bytes / (beta_gbs * 1e6);  // 1 GB/s = 1e6 bytes per ms
 }

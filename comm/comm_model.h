@@ -54,6 +54,22 @@ struct LinkModel {
     double all_to_all_ms(const std::vector<std::vector<size_t>>& send_bytes) const;
 };
 
+// The links a cost model tells apart, each with default alpha-beta figures (one direction, large
+// messages; documented in docs/design.md §5.2):
+//   shm      ranks of one node over MPI (shared memory)        alpha 1 us,  beta 8 GB/s
+//   tcp      nodes over TCP (10 Gb Ethernet)                   alpha 30 us, beta 1.2 GB/s
+//   ib       nodes over InfiniBand (100 Gb/s class)            alpha 3 us,  beta 12 GB/s
+//   nvlink   GPUs of one node through NCCL (H100 SXM NVLink)   the LinkModel defaults above
+//   emulated the virtual ranks of bench.emulate_timing: the link given to the ThreadWorld
+enum class LinkKind { shm, tcp, ib, nvlink, emulated };
+const char* link_kind_name(LinkKind k);
+LinkModel link_defaults(LinkKind k);
+
+struct Link {
+    LinkKind kind = LinkKind::shm;
+    LinkModel model = link_defaults(LinkKind::shm);
+};
+
 // One rank's time in one phase (ms). compute is measured; comm and wait are modelled:
 // comm = the cost of the collectives it took part in, wait = time spent waiting for slower ranks
 // at collectives and for messages still in flight. compute + comm + wait = exit - enter for a

@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -593,12 +595,12 @@ std::unique_ptr<Communicator> mpi_communicator(const WatchdogTimeouts&) {
 #if defined(INFOFLOW_HAVE_NCCL)
 constexpr bool k_have_nccl = true;
 std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator> host,
-                                                double timeout_s) {
-    return make_nccl_communicator(std::move(host), timeout_s);
+                                                double timeout_s, double startup_timeout_s) {
+    return make_nccl_communicator(std::move(host), timeout_s, startup_timeout_s);
 }
 #else
 constexpr bool k_have_nccl = false;
-std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator>, double) {
+std::unique_ptr<Communicator> nccl_communicator(std::unique_ptr<Communicator>, double, double) {
     IF_FAIL("NCCL is not built");
 }
 #endif
@@ -670,11 +672,54 @@ std::string comm_choice(const std::string& kind, const std::string& backend, con
                                     : " (this binary was built without MPI)"));
     }
     const std::string host = w.mpi_up ? "mpi" : "self";
-    if (kind == "nccl" || (backend == "cuda" && w.have_nccl)) {
+    const int ranks = std::max(1, w.mpi_up ? w.mpi_size : w.launcher_size);
+    if (kind == "nccl" || (backend == "cuda" && w.have_nccl && ranks > 1)) {
         if (host_channel) *host_channel = host;
         return "nccl";
     }
     return host;
+}
+
+Link default_link(const Communicator& comm) {
+    const bool one_node = comm.local_size() == comm.size();
+    LinkKind k = LinkKind::shm;
+    if (std::string(comm.kind()) == "nccl") {
+        k = one_node ? LinkKind::nvlink : LinkKind::ib;
+    } else if (!one_node) {
+        k = LinkKind::tcp;
+    }
+    return Link{k, link_defaults(k)};
+}
+
+namespace {
+
+// True when some InfiniBand port of this node is ACTIVE (sysfs: "4: ACTIVE").
+bool node_has_active_ib() {
+    std::error_code ec;
+    const std::filesystem::path root("/sys/class/infiniband");
+    if (!std::filesystem::is_directory(root, ec)) return false;
+    for (const auto& dev : std::filesystem::directory_iterator(root, ec)) {
+        const std::filesystem::path ports = dev.path() / "ports";
+        if (!std::filesystem::is_directory(ports, ec)) continue;
+        for (const auto& port : std::filesystem::directory_iterator(ports, ec)) {
+            std::ifstream f(port.path() / "state");
+            std::string state;
+            std::getline(f, state);
+            if (state.find("ACTIVE") != std::string::npos) return true;
+        }
+    }
+    return false;
+}
+
+}  // namespace
+
+Link detect_link(Communicator& comm) {
+    Link l = default_link(comm);
+    if (l.kind != LinkKind::tcp) return l;
+    int32_t ib = node_has_active_ib() ? 1 : 0;
+    comm.all_reduce(&ib, 1, DType::i32, ReduceOp::min);
+    if (ib) l = Link{LinkKind::ib, link_defaults(LinkKind::ib)};
+    return l;
 }
 
 std::unique_ptr<Communicator> make_communicator(const std::string& kind,
@@ -684,6 +729,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind,
     w.have_nccl = k_have_nccl;
     w.mpi_up = mpi_up();
     w.launcher_size = launcher_world_size();
+    w.mpi_size = w.mpi_up ? mpi_world_size() : 0;
     std::string host;
     const std::string choice = comm_choice(kind, options.backend, w, &host);
     const WatchdogTimeouts timeouts{options.timeout_s, options.startup_timeout_s};
@@ -692,10 +738,18 @@ std::unique_ptr<Communicator> make_communicator(const std::string& kind,
         c->watchdog().set_timeouts(timeouts);
         return c;
     };
-    if (choice == "self") return self();
-    if (choice == "mpi") return mpi_communicator(timeouts);
-    return nccl_communicator(host == "mpi" ? mpi_communicator(timeouts) : self(),
-                             options.timeout_s);
+    std::unique_ptr<Communicator> c;
+    if (choice == "self") {
+        c = self();
+    } else if (choice == "mpi") {
+        c = mpi_communicator(timeouts);
+    } else {
+        c = nccl_communicator(host == "mpi" ? mpi_communicator(timeouts) : self(),
+                              options.timeout_s,
+                              options.startup_timeout_s);
+    }
+    c->set_link(default_link(*c));
+    return c;
 }
 
 [[noreturn]] void abort_job(const std::string& msg, int code) {

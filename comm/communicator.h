@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm_model.h"
 #include "comm/watchdog.h"
 
 namespace infoflow {
@@ -143,6 +144,11 @@ class Communicator {
     int local_size() const { return local_size_; }
     // "self" | "mpi" | "nccl".
     virtual const char* kind() const = 0;
+    // The link the ranks talk over, for cost models (runtime/parallel/recompute_balance.h): set
+    // by make_communicator from what it knows without messages (one node or several), refined
+    // by detect_link at start-up; the same on every rank.
+    const Link& link() const { return link_; }
+    void set_link(const Link& l) { link_ = l; }
     virtual MemorySpace memory_space() const = 0;
 
     // Returns on a rank once every rank has entered.
@@ -249,6 +255,7 @@ class Communicator {
     int size_ = 1;
     int local_rank_ = 0;
     int local_size_ = 1;
+    Link link_;
     std::string phase_ = "other";
     std::vector<std::string> phase_order_;
     std::map<std::string, CommStats> stats_;
@@ -324,14 +331,16 @@ std::unique_ptr<CommEnv> init_comm(int* argc, char*** argv, const std::string& k
 
 // What make_communicator needs beyond the kind.
 struct CommOptions {
-    std::string backend = "cpu";  // model.backend: "auto" picks nccl for "cuda" when built
+    std::string backend = "cpu";  // model.backend: "auto" picks nccl for "cuda" on 2+ ranks
     double timeout_s = 600.0;     // parallel.timeout_s: deadline of one wait or device operation
     double startup_timeout_s = 300.0;  // parallel.startup_timeout_s: waits before the start-up
                                        // checks are done (check_same_model ends that period)
 };
 
 // kind: "auto" | "mpi" | "self" | "nccl".
-//   auto: NcclComm when the backend is "cuda" and NCCL is built; otherwise MpiComm over
+//   auto: NcclComm when the backend is "cuda", NCCL is built and the job has more than one rank
+//         (one rank moves nothing between GPUs: NCCL's library, bootstrap and memory are not
+//         brought up for it); otherwise MpiComm over
 //         MPI_COMM_WORLD when built with MPI and MPI is initialized; otherwise, if a launcher
 //         announced more than one rank, an error (MPI is not initialized: the job would silently
 //         run P independent one-rank jobs); otherwise SelfComm.
@@ -353,12 +362,21 @@ struct CommWorld {
     bool have_nccl = false;  // built with NCCL (and CUDA)
     bool mpi_up = false;     // MPI is initialized
     int launcher_size = 0;   // launcher_world_size()
+    int mpi_size = 0;        // MPI_COMM_WORLD's size when MPI is initialized
 };
 std::string comm_choice(const std::string& kind, const std::string& backend, const CommWorld& w,
                         std::string* host_channel = nullptr);
 
 // True when this binary was built with the NCCL communicator.
 bool comm_have_nccl();
+
+// The link of a communicator from what every rank knows alike: NCCL within one node nvlink,
+// across nodes ib; MPI within one node shm, across nodes tcp; one rank shm.
+Link default_link(const Communicator& comm);
+// default_link, refined with a collective (one all-reduce, every rank calls it): ranks on
+// several nodes over MPI talk over ib when every rank's node has an active InfiniBand port
+// (/sys/class/infiniband/*/ports/*/state), else tcp.
+Link detect_link(Communicator& comm);
 
 // SelfComm directly (also what make_communicator("self") returns).
 std::unique_ptr<Communicator> make_self_communicator();

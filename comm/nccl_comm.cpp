@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iomanip>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -58,6 +59,16 @@ namespace detail {
     do {                                                                                  \
         const ncclResult_t if_nccl_rc_ = (call);                                          \
         if (if_nccl_rc_ != ncclSuccess) {                                                 \
+            ::infoflow::detail::throw_nccl_error(__FILE__, __LINE__, #call, if_nccl_rc_); \
+        }                                                                                 \
+    } while (0)
+
+// A call on the non-blocking communicator: ncclInProgress is not an error (the caller settles
+// the communicator before the next NCCL call or the event that marks completion).
+#define IF_NCCL_ENQUEUE(call)                                                             \
+    do {                                                                                  \
+        const ncclResult_t if_nccl_rc_ = (call);                                          \
+        if (if_nccl_rc_ != ncclSuccess && if_nccl_rc_ != ncclInProgress) {                \
             ::infoflow::detail::throw_nccl_error(__FILE__, __LINE__, #call, if_nccl_rc_); \
         }                                                                                 \
     } while (0)
@@ -132,6 +143,15 @@ std::string watchdog_timeout_message(const std::string& op, const std::string& p
     return os.str();
 }
 
+std::string nccl_init_timeout_message(double startup_timeout_s, double waited_s) {
+    std::ostringstream os;
+    os << "communicator 'nccl': NCCL initialization (ncclCommInitRankConfig) did not complete "
+          "within parallel.startup_timeout_s = "
+       << startup_timeout_s << " s (waited " << std::fixed << std::setprecision(1) << waited_s
+       << " s): a rank did not arrive or NCCL's bootstrap could not connect";
+    return os.str();
+}
+
 WatchdogVerdict watchdog_wait(const std::function<WatchdogPoll()>& poll, double timeout_s,
                               const std::function<double()>& now_s,
                               const std::function<void(double)>& sleep, WatchdogPoll* last) {
@@ -180,6 +200,9 @@ void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<doubl
 // when the abort itself stalls (it may wait for device work that never finishes); the process
 // ends right after, so a call still running is left behind (then: ncclInProgress).
 constexpr double k_abort_wait_s = 2.0;
+// ncclCommFinalize of a communicator whose operations have all completed has nothing to wait for;
+// past this it is aborted instead.
+constexpr double k_finalize_wait_s = 10.0;
 
 ncclResult_t abort_bounded(ncclComm_t comm, double max_s) {
     struct State {
@@ -216,6 +239,41 @@ class CudaEvent {
   private:
     cudaEvent_t e_ = nullptr;
 };
+
+// A non-blocking CUDA stream on the current device. Not copyable.
+class CudaStream {
+  public:
+    CudaStream() { IF_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+    ~CudaStream() {
+        if (s_) cudaStreamDestroy(s_);
+    }
+    CudaStream(const CudaStream&) = delete;
+    CudaStream& operator=(const CudaStream&) = delete;
+    cudaStream_t get() const { return s_; }
+
+  private:
+    cudaStream_t s_ = nullptr;
+};
+
+// One poll of the non-blocking communicator's state: complete once it is ncclSuccess (the
+// initialization, or the enqueue of the calls before, is done), failed on an error.
+WatchdogPoll poll_state(ncclComm_t comm) {
+    WatchdogPoll p;
+    ncclResult_t st = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm, &st);
+    if (rc != ncclSuccess) {
+        p.failed = true;
+        p.error = std::string("ncclCommGetAsyncError failed: ") + ncclGetErrorString(rc);
+    } else if (st == ncclSuccess) {
+        p.complete = true;
+    } else if (st != ncclInProgress) {
+        p.failed = true;
+        const char* last = ncclGetLastError(comm);
+        p.error = std::string(ncclGetErrorString(st)) +
+                  (last && *last ? std::string(" (") + last + ")" : std::string());
+    }
+    return p;
+}
 
 // A device allocation. Move-only.
 class DeviceBuffer {
@@ -297,7 +355,8 @@ void copy_str(char* dst, size_t cap, const std::string& s) {
 
 // A started group of deferred isend/irecv: the Requests of the group share its event.
 struct P2pGroup {
-    CudaEvent event;
+    CudaEvent event;                // on the communicator's p2p stream
+    cudaStream_t caller = nullptr;  // the stream the messages were posted on
     bool started = false;
     bool broken = false;  // the group failed to start (its messages were dropped)
     double t0 = 0.0;
@@ -351,21 +410,41 @@ class NcclComm final : public Communicator {
         ncclComm_t comm = nullptr;
     };
 
-    NcclComm(std::unique_ptr<Communicator> host, double timeout_s)
-        : NcclComm(boot(*host, timeout_s), std::move(host), timeout_s) {}
+    NcclComm(std::unique_ptr<Communicator> host, double timeout_s, double startup_timeout_s)
+        : NcclComm(boot(*host, timeout_s, startup_timeout_s), std::move(host), timeout_s) {}
 
     ~NcclComm() override {
         if (!comm_) return;
         cudaSetDevice(device_);
         pending_.clear();
         // A peer may never join a clean shutdown while an exception unwinds, and an abandoned
-        // started group may never complete: abort then; destroy otherwise.
-        const bool error_path = std::uncaught_exceptions() > uncaught_at_init_ || dirty_;
-        const ncclResult_t rc =
-            error_path ? abort_bounded(comm_, k_abort_wait_s) : ncclCommDestroy(comm_);
+        // started group may never complete: abort then. Otherwise finalize (non-blocking: polled
+        // for at most k_finalize_wait_s, then aborted) and destroy.
+        bool error_path = std::uncaught_exceptions() > uncaught_at_init_ || dirty_;
+        const char* what = "ncclCommAbort";
+        ncclResult_t rc = ncclSuccess;
+        if (!error_path) {
+            what = "ncclCommFinalize";
+            rc = ncclCommFinalize(comm_);
+            if (rc == ncclSuccess || rc == ncclInProgress) {
+                WatchdogPoll last;
+                const WatchdogVerdict v = watchdog_wait([&] { return poll_state(comm_); },
+                                                        k_finalize_wait_s, now_s, sleep_s, &last);
+                rc = v == WatchdogVerdict::complete ? ncclSuccess : ncclInternalError;
+            }
+            if (rc == ncclSuccess) {
+                what = "ncclCommDestroy";
+                rc = ncclCommDestroy(comm_);
+            } else {
+                error_path = true;
+            }
+        }
+        if (error_path) {
+            const ncclResult_t arc = abort_bounded(comm_, k_abort_wait_s);
+            if (rc == ncclSuccess) rc = arc;
+        }
         if (rc != ncclSuccess) {
-            std::fprintf(stderr, "warning: %s failed: %s\n",
-                         error_path ? "ncclCommAbort" : "ncclCommDestroy",
+            std::fprintf(stderr, "warning: %s failed: %s\n", what,
                          rc == ncclInProgress ? "still running" : ncclGetErrorString(rc));
         }
         comm_ = nullptr;
@@ -398,7 +477,7 @@ class NcclComm final : public Communicator {
   protected:
     void do_barrier(Stream stream) override {
         run_device("barrier", stream, [&](cudaStream_t s) {
-            IF_NCCL_CHECK(
+            IF_NCCL_ENQUEUE(
                 ncclAllReduce(scratch_.get(), scratch_.get(), 1, ncclInt32, ncclSum, comm_, s));
         });
     }
@@ -412,7 +491,7 @@ class NcclComm final : public Communicator {
         }
         run_device("broadcast", stream, [&](cudaStream_t s) {
             if (bytes == 0) return;
-            IF_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, s));
+            IF_NCCL_ENQUEUE(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, s));
         });
     }
 
@@ -425,7 +504,8 @@ class NcclComm final : public Communicator {
         }
         run_device("all_reduce", stream, [&](cudaStream_t s) {
             if (count == 0) return;
-            IF_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, s));
+            IF_NCCL_ENQUEUE(
+                ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm_, s));
         });
     }
 
@@ -440,7 +520,7 @@ class NcclComm final : public Communicator {
         }
         run_device("all_gather", stream, [&](cudaStream_t s) {
             if (bytes_per_rank == 0) return;
-            IF_NCCL_CHECK(ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, s));
+            IF_NCCL_ENQUEUE(ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, s));
         });
     }
 
@@ -458,14 +538,14 @@ class NcclComm final : public Communicator {
         // every rank skips the same empty blocks.
         const std::vector<size_t> off = offsets(recv_bytes);
         run_device("all_gather_v", stream, [&](cudaStream_t s) {
-            IF_NCCL_CHECK(ncclGroupStart());
+            IF_NCCL_ENQUEUE(ncclGroupStart());
             for (int q = 0; q < size(); ++q) {
                 if (recv_bytes[q] == 0) continue;
                 const void* src = q == rank() ? send : at(recv, off[q]);
-                IF_NCCL_CHECK(
+                IF_NCCL_ENQUEUE(
                     ncclBroadcast(src, at(recv, off[q]), recv_bytes[q], ncclUint8, q, comm_, s));
             }
-            IF_NCCL_CHECK(ncclGroupEnd());
+            IF_NCCL_ENQUEUE(ncclGroupEnd());
         });
     }
 
@@ -486,19 +566,19 @@ class NcclComm final : public Communicator {
                 IF_CUDA_CHECK(cudaMemcpyAsync(at(recv, roff[r]), at(send, soff[r]), send_bytes[r],
                                               cudaMemcpyDeviceToDevice, s));
             }
-            IF_NCCL_CHECK(ncclGroupStart());
+            IF_NCCL_ENQUEUE(ncclGroupStart());
             for (int q = 0; q < size(); ++q) {
                 if (q == r) continue;
                 if (send_bytes[q] > 0) {
-                    IF_NCCL_CHECK(
+                    IF_NCCL_ENQUEUE(
                         ncclSend(at(send, soff[q]), send_bytes[q], ncclUint8, q, comm_, s));
                 }
                 if (recv_bytes[q] > 0) {
-                    IF_NCCL_CHECK(
+                    IF_NCCL_ENQUEUE(
                         ncclRecv(at(recv, roff[q]), recv_bytes[q], ncclUint8, q, comm_, s));
                 }
             }
-            IF_NCCL_CHECK(ncclGroupEnd());
+            IF_NCCL_ENQUEUE(ncclGroupEnd());
         });
     }
 
@@ -545,11 +625,12 @@ class NcclComm final : public Communicator {
                 }
                 return;
             }
-            IF_NCCL_CHECK(ncclGroupStart());
+            IF_NCCL_ENQUEUE(ncclGroupStart());
             if (send_bytes > 0)
-                IF_NCCL_CHECK(ncclSend(send, send_bytes, ncclUint8, dest, comm_, s));
-            if (recv_bytes > 0) IF_NCCL_CHECK(ncclRecv(recv, recv_bytes, ncclUint8, src, comm_, s));
-            IF_NCCL_CHECK(ncclGroupEnd());
+                IF_NCCL_ENQUEUE(ncclSend(send, send_bytes, ncclUint8, dest, comm_, s));
+            if (recv_bytes > 0)
+                IF_NCCL_ENQUEUE(ncclRecv(recv, recv_bytes, ncclUint8, src, comm_, s));
+            IF_NCCL_ENQUEUE(ncclGroupEnd());
         });
     }
 
@@ -565,7 +646,21 @@ class NcclComm final : public Communicator {
         IF_CUDA_CHECK(cudaMemset(scratch_.get(), 0, sizeof(int32_t)));
     }
 
-    static Boot boot(Communicator& host, double timeout_s);
+    static Boot boot(Communicator& host, double timeout_s, double startup_timeout_s);
+
+    // After NCCL calls on the non-blocking communicator: polls until their enqueue is done (the
+    // state leaves ncclInProgress), so the event recorded next follows the NCCL work. Throws on
+    // an NCCL error; ends the job when the deadline (from t0) passes.
+    void settle(const std::string& op, double t0) {
+        WatchdogPoll last;
+        const WatchdogVerdict v = watchdog_wait([&] { return poll_state(comm_); },
+                                                timeout_s_ - (now_s() - t0), now_s, sleep_s, &last);
+        if (v == WatchdogVerdict::complete) return;
+        if (v == WatchdogVerdict::failed) {
+            IF_FAIL("NCCL " << op << " in phase " << phase() << " failed: " << last.error);
+        }
+        abort(1, watchdog_timeout_message(op, phase(), timeout_s_));
+    }
 
     PointerSpace space(const char* call, std::initializer_list<PointerSpace> spaces) const {
         return call_space(call, spaces);
@@ -584,8 +679,14 @@ class NcclComm final : public Communicator {
     void run_device(const char* op, Stream stream, F enqueue) {
         flush_p2p();
         const cudaStream_t s = cuda_stream(stream);
+        // After the last point-to-point group on every rank alike: two NCCL kernels of one
+        // communicator on two streams are not guaranteed to make progress side by side.
+        if (last_group_ && last_group_->started) {
+            IF_CUDA_CHECK(cudaStreamWaitEvent(s, last_group_->event.get(), 0));
+        }
         const double t0 = now_s();
         enqueue(s);
+        settle(op, t0);
         IF_CUDA_CHECK(cudaEventRecord(event_.get(), s));
         wait_event(event_.get(), op, t0);
     }
@@ -618,17 +719,25 @@ class NcclComm final : public Communicator {
     bool dirty_ = false;
     DeviceBuffer scratch_;  // the barrier's one int32
     CudaEvent event_;       // completion of the current blocking op
+    // Point-to-point groups run on their own stream, after the work the caller's stream had
+    // queued when the group started (p2p_ready_), so they overlap what the caller queues next
+    // (ring attention's block exchange and its attention, docs/design.md §5.4).
+    CudaStream p2p_stream_;
+    CudaEvent p2p_ready_;
     std::vector<P2pPending> pending_;
     std::shared_ptr<P2pGroup> open_;  // the group the queued messages will start as
+    std::shared_ptr<P2pGroup> last_group_;  // the group started last
     uint64_t next_id_ = 0;
 };
 
-NcclComm::Boot NcclComm::boot(Communicator& host, double timeout_s) {
+NcclComm::Boot NcclComm::boot(Communicator& host, double timeout_s, double startup_timeout_s) {
     IF_CHECK(host.memory_space() == MemorySpace::host,
              "the NCCL communicator's control channel must be a host communicator, not '"
                  << host.kind() << "'");
     IF_CHECK(std::isfinite(timeout_s) && timeout_s > 0,
              "NCCL communicator: timeout " << timeout_s << " s must be > 0");
+    IF_CHECK(std::isfinite(startup_timeout_s) && startup_timeout_s > 0,
+             "NCCL communicator: start-up timeout " << startup_timeout_s << " s must be > 0");
     Boot b;
     std::string why, problem, bus;
     const int n = nccl_visible_devices(&why);
@@ -687,8 +796,27 @@ NcclComm::Boot NcclComm::boot(Communicator& host, double timeout_s) {
     host.broadcast(&msg, sizeof msg, 0);
     IF_CHECK(msg.ok == 1, "communicator 'nccl': ncclGetUniqueId failed on rank 0"
                               << (id_error.empty() ? "" : ": " + id_error));
-    IF_NCCL_CHECK(ncclCommInitRank(&b.comm, p, msg.id, host.rank()));
-    return b;
+    // Non-blocking initialization, polled against the start-up deadline: a rank that never
+    // arrives (or a bootstrap that cannot connect) ends the job instead of hanging in it.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const double t0 = now_s();
+    const ncclResult_t rc = ncclCommInitRankConfig(&b.comm, p, msg.id, host.rank(), &config);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+        if (b.comm) abort_bounded(b.comm, k_abort_wait_s);
+        detail::throw_nccl_error(__FILE__, __LINE__, "ncclCommInitRankConfig", rc);
+    }
+    WatchdogPoll last;
+    const WatchdogVerdict v =
+        watchdog_wait([&] { return poll_state(b.comm); }, startup_timeout_s, now_s, sleep_s, &last);
+    if (v == WatchdogVerdict::complete) return b;
+    abort_bounded(b.comm, k_abort_wait_s);
+    if (v == WatchdogVerdict::failed) {
+        IF_FAIL("communicator 'nccl': NCCL initialization failed on rank " << host.rank() << ": "
+                                                                           << last.error);
+    }
+    host.abort(1, nccl_init_timeout_message(startup_timeout_s, now_s() - t0));
+    std::_Exit(1);  // not reached: the host channel's abort ends the process
 }
 
 void NcclComm::flush_p2p() {
@@ -703,6 +831,7 @@ void NcclComm::flush_p2p() {
         group->broken = true;
         throw;
     }
+    last_group_ = std::move(group);
 }
 
 void NcclComm::start_group(const std::vector<P2pPending>& msgs, P2pGroup& g) {
@@ -732,25 +861,31 @@ void NcclComm::start_group(const std::vector<P2pPending>& msgs, P2pGroup& g) {
                                            << " bytes but the message has " << s->bytes);
         self_pairs.push_back({s, v});
     }
-    const cudaStream_t s = msgs.front().stream;
+    // The group runs on the communicator's own stream once the caller's stream has done what it
+    // had queued (the send buffers are written, the receive buffers free).
+    const cudaStream_t s = p2p_stream_.get();
     g.t0 = now_s();
+    IF_CUDA_CHECK(cudaEventRecord(p2p_ready_.get(), msgs.front().stream));
+    IF_CUDA_CHECK(cudaStreamWaitEvent(s, p2p_ready_.get(), 0));
     for (const auto& pr : self_pairs) {
         if (pr.first->bytes > 0) {
             IF_CUDA_CHECK(cudaMemcpyAsync(pr.second->recv, pr.first->send, pr.first->bytes,
                                           cudaMemcpyDeviceToDevice, s));
         }
     }
-    IF_NCCL_CHECK(ncclGroupStart());
+    IF_NCCL_ENQUEUE(ncclGroupStart());
     for (const P2pPending& m : msgs) {
         if (m.peer == r || m.bytes == 0) continue;
         if (m.is_send) {
-            IF_NCCL_CHECK(ncclSend(m.send, m.bytes, ncclUint8, m.peer, comm_, s));
+            IF_NCCL_ENQUEUE(ncclSend(m.send, m.bytes, ncclUint8, m.peer, comm_, s));
         } else {
-            IF_NCCL_CHECK(ncclRecv(m.recv, m.bytes, ncclUint8, m.peer, comm_, s));
+            IF_NCCL_ENQUEUE(ncclRecv(m.recv, m.bytes, ncclUint8, m.peer, comm_, s));
         }
     }
-    IF_NCCL_CHECK(ncclGroupEnd());
+    IF_NCCL_ENQUEUE(ncclGroupEnd());
+    settle(g.ops, g.t0);
     IF_CUDA_CHECK(cudaEventRecord(g.event.get(), s));
+    g.caller = msgs.front().stream;
     g.started = true;
 }
 
@@ -825,6 +960,8 @@ void NcclRequest::wait() {
     if (!group_->started) comm_->flush_p2p();
     IF_CHECK(!group_->broken, "NCCL communicator: " << group_->ops << " never started");
     comm_->wait_event(group_->event.get(), group_->ops, group_->t0);
+    // The host saw the group complete; the caller's stream is ordered after it as well.
+    IF_CUDA_CHECK(cudaStreamWaitEvent(group_->caller, group_->event.get(), 0));
 }
 
 bool NcclRequest::test() {
@@ -844,9 +981,9 @@ void NcclRequest::abandon() noexcept {
 }  // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
-                                                     double timeout_s) {
+                                                     double timeout_s, double startup_timeout_s) {
     IF_CHECK(host != nullptr, "make_nccl_communicator: no host communicator");
-    return std::make_unique<NcclComm>(std::move(host), timeout_s);
+    return std::make_unique<NcclComm>(std::move(host), timeout_s, startup_timeout_s);
 }
 
 }  // namespace infoflow

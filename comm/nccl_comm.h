@@ -10,7 +10,14 @@
 // device (node-local rank modulo the visible devices, cudaSetDevice before any other CUDA call
 // but the device count), checks on every rank that the job can start (a device on every rank, no
 // two ranks of one host on one GPU) and fails on every rank alike if not, broadcasts rank 0's
-// ncclUniqueId over the host channel (a 1-rank job makes its own) and calls ncclCommInitRank.
+// ncclUniqueId over the host channel (a 1-rank job makes its own) and starts a non-blocking
+// ncclCommInitRankConfig (config.blocking = 0), polled with ncclCommGetAsyncError until it is done
+// or parallel.startup_timeout_s has passed: then the communicator is aborted and the job ends
+// with "[rank r/P] error: communicator 'nccl': NCCL initialization ... did not complete within
+// ..." (the host channel's abort), so a rank that never arrives cannot hang the others in NCCL.
+// The communicator stays non-blocking: an NCCL call may return ncclInProgress, and every group
+// of calls is settled (state polled back to ncclSuccess, under the watchdog's deadline) before
+// the event that marks its completion is recorded.
 //
 // Which library moves a call's data: the memory rule. Debian's Open MPI is not CUDA-aware
 // (docs/formats.md §9.4), so a device pointer never reaches MPI. Each call's non-null buffers are
@@ -36,17 +43,23 @@
 // the call. isend/irecv are deferred: posting queues the message; the first wait()/test() of
 // any pending Request, or the next collective or sendrecv, starts every queued message as one
 // NCCL group (so a ring step's isend and irecv cannot deadlock one another) and the Requests
-// complete with that group's event. Call test() once after posting to start a transfer early.
+// complete with that group's event. The group runs on the communicator's own point-to-point
+// stream, ordered after the work the posting stream had queued when it started, so kernels the
+// caller queues afterwards (ring attention on the current block) run while it transfers; wait()
+// returns once the group has completed and orders the posting stream after it. Call test() once
+// after posting to start the transfer before queueing the work it should overlap. A collective
+// waits (on the device) for the last started group, so two NCCL kernels of the communicator never
+// depend on running side by side.
 // Messages between two ranks match in posting order; tags are checked for range only, and the
 // sizes of a matched pair are not checked across ranks (NCCL has no envelope); a message to self
 // is a device copy and is checked (size, a partner posted) like SelfComm's.
 //
-// Watchdog (docs/design.md §11). A device operation that has not completed `timeout_s` seconds after it
-// was enqueued ends the job: ncclCommAbort (waited for at most 2 s: it may itself wait for the
-// stuck device work), then "[rank r/P] error: NCCL <op> in phase <phase> did not complete within
-// N s" and the host channel's abort (MPI_Abort: every rank ends; one rank without MPI: _Exit).
-// An asynchronous NCCL error (a peer died, a network failure) or a CUDA error on the op's event
-// throws infoflow::Error naming the op and the phase. Destruction: ncclCommDestroy normally,
+// Watchdog (docs/design.md §11). A device operation that has not completed `timeout_s` seconds
+// after it was enqueued ends the job: ncclCommAbort (waited for at most 2 s: it may itself wait for
+// the stuck device work), then "[rank r/P] error: NCCL <op> in phase <phase> did not complete
+// within N s" and the host channel's abort (MPI_Abort: every rank ends; one rank without MPI:
+// _Exit). An asynchronous NCCL error (a peer died, a network failure) or a CUDA error on the op's
+// event throws infoflow::Error naming the op and the phase. Destruction: ncclCommDestroy normally,
 // ncclCommAbort (bounded the same way) while an exception is unwinding or after a started
 // isend/irecv was abandoned (a peer may never join a clean shutdown).
 #pragma once
@@ -95,6 +108,8 @@ WatchdogVerdict watchdog_verdict(const WatchdogPoll& poll, double elapsed_s, dou
 // complete within 600 s".
 std::string watchdog_timeout_message(const std::string& op, const std::string& phase,
                                      double timeout_s);
+// The same for an NCCL initialization still in progress after parallel.startup_timeout_s.
+std::string nccl_init_timeout_message(double startup_timeout_s, double waited_s);
 
 // The host wait: polls until the verdict is not poll_again, sleeping between polls (a short
 // spin first, then sleeps of up to 100 µs). `now_s` is a monotonic clock in seconds and `sleep`
@@ -108,10 +123,12 @@ WatchdogVerdict watchdog_wait(const std::function<WatchdogPoll()>& poll, double 
 
 // Collective over `host` (every rank of the host channel becomes a rank of the NCCL
 // communicator, same rank numbers). `host` must be a host communicator. timeout_s > 0 is the
-// watchdog deadline of one device operation. Throws infoflow::Error (on every rank alike) when a
-// rank has no CUDA device or two ranks of one host would share a GPU.
+// watchdog deadline of one device operation, startup_timeout_s > 0 that of NCCL's
+// initialization. Throws infoflow::Error (on every rank alike) when a rank has no CUDA device or
+// two ranks of one host would share a GPU.
 std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
-                                                     double timeout_s);
+                                                     double timeout_s,
+                                                     double startup_timeout_s = 300.0);
 
 // Number of visible CUDA devices; 0 when there is none or no driver (the reason in `why`).
 int nccl_visible_devices(std::string* why = nullptr);

@@ -318,10 +318,7 @@ class SendRequest : public RequestImpl {
   public:
     SendRequest(ThreadComm* c, double arrival) : comm_(c), arrival_(arrival) {}
     void wait() override;
-    bool test() override {
-        wait();
-        return true;
-    }
+    bool test() override;
     void abandon() noexcept override {}
 
   private:
@@ -346,7 +343,9 @@ class RecvRequest : public RequestImpl {
 class ThreadComm final : public Communicator {
   public:
     ThreadComm(ThreadWorld::State& st, int rank)
-        : Communicator(rank, st.P, rank, st.P), st_(st), turn_(st.turn, std::defer_lock) {}
+        : Communicator(rank, st.P, rank, st.P), st_(st), turn_(st.turn, std::defer_lock) {
+        set_link(Link{LinkKind::emulated, st.link});
+    }
 
     const char* kind() const override { return "thread"; }
     MemorySpace memory_space() const override { return MemorySpace::host; }
@@ -630,6 +629,19 @@ void SendRequest::wait() {
     comm_->seg_begin();
 }
 
+// In virtual time a send is complete once its message has arrived: test() says so without
+// moving the rank's clock (compute between posting and waiting overlaps the transfer).
+bool SendRequest::test() {
+    comm_->end_segment();
+    bool done = false;
+    {
+        std::lock_guard<std::mutex> lk(comm_->state().m);
+        done = comm_->state().timeline.now(comm_->rank()) >= arrival_;
+    }
+    comm_->seg_begin();
+    return done;
+}
+
 void RecvRequest::wait() {
     ThreadWorld::State& st = comm_->state();
     comm_->end_segment();
@@ -648,18 +660,24 @@ void RecvRequest::wait() {
 
 bool RecvRequest::test() {
     ThreadWorld::State& st = comm_->state();
-    bool matched = false;
+    comm_->end_segment();
+    bool matched = false, arrived = false;
     {
         std::lock_guard<std::mutex> lk(st.m);
         matched = st_->matched;
         if (!matched && st.failed) st.throw_failed(comm_->rank());
+        arrived = matched && st.timeline.now(comm_->rank()) >= st_->arrival;
     }
-    if (matched) {
-        wait();
+    if (arrived) {
+        comm_->seg_begin();
+        wait();  // completes without moving the clock
         return true;
     }
+    if (matched) {  // still in flight in virtual time: the clock stays where it is
+        comm_->seg_begin();
+        return false;
+    }
     // Not there yet: let the other ranks run.
-    comm_->end_segment();
     {
         ThreadComm::TurnGap gap(*comm_);
         std::this_thread::yield();

@@ -32,6 +32,10 @@ inline size_t kv_dtype_size(KvDtype t) { return t == KvDtype::f32 ? 4 : 2; }
 inline const char* kv_dtype_name(KvDtype t) {
     return t == KvDtype::f32 ? "f32" : t == KvDtype::f16 ? "f16" : "bf16";
 }
+// n fp32 values <-> KV storage type t (round to nearest even; f32 copies), HOST memory. What
+// Backend::narrow_kv / widen_kv do by default, and the host side of K/V moved to or from files.
+void kv_narrow(KvDtype t, const float* src /*[n]*/, size_t n, void* dst /*[n]*/);
+void kv_widen(KvDtype t, const void* src /*[n]*/, size_t n, float* dst /*[n]*/);
 
 // Move-only owned buffer of floats (or ints, via `as_int`) in a backend's memory.
 class Buffer {
@@ -133,6 +137,15 @@ struct RandomMatrixSpec {
     float scale = 0.0f;  // multiplies the centred Irwin-Hall sum (kernels/random_init.h)
 };
 
+// How a product with stored-type weights meets its activations. Every pass but decode steps
+// (prefill, scoring, recompute, suffix) takes `exact`: fp32 activations and one fixed order of
+// fp32 operations per output element (kernels/cpu/gemm_exact.h), so a token's result does not
+// depend on which rank computes it or how many rows share its call. Decode steps, one token at a
+// time, take the fused dot products: 8-bit activations for quantized weights (`decode`, as
+// llama.cpp does), fp32 ones where the rounding of x is not affordable (`decode_fp32`: the LM
+// head, whose outputs are the logits).
+enum class NativePass { exact, decode, decode_fp32 };
+
 // A weight matrix kept in its stored GGUF type (model.weights = "native"): rows of `cols`
 // elements, each row `row_bytes` bytes of blocks (docs/formats.md §3), host memory. Types:
 // F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q6_K (kernels/cpu/quant_dot.h).
@@ -144,10 +157,8 @@ struct NativeMatrix {
     const uint8_t* data = nullptr;  // [rows, row_bytes]
     // 1: plain rows; kRowGroup (kernels/cpu/quant_dot.h): rows block-interleaved in groups of 4.
     int row_group = 1;
-    // Small batches: multiply with the fp32 activations (each weight row dequantized to fp32 in
-    // cache first) instead of 8-bit quantized ones; for products whose rounding a caller cannot
-    // afford (the LM head: the logits themselves).
-    bool fp32_activations = false;
+    // Which product (docs/design.md §6.4): a property of the pass, never of the row count.
+    NativePass pass = NativePass::exact;
 };
 
 class Backend {
@@ -157,6 +168,9 @@ class Backend {
     // The device it runs on, for summaries: "cpu", "cuda:0 NVIDIA H200 (cc 9.0, 139 GiB)".
     virtual std::string device() const { return name(); }
     virtual void set_threads(int n_threads) = 0;
+    // Nominal rate of dense products in 1e9 multiply-adds per second, for cost models that weigh
+    // compute against bytes (runtime/parallel/recompute_balance.h); 0 = unknown.
+    virtual double nominal_gmacs() const { return 0.0; }
     // The backend's stream (a cudaStream_t for CUDA), so a device communicator can enqueue on it
     // in order with the ops; nullptr for the CPU.
     virtual void* stream() { return nullptr; }
@@ -171,6 +185,12 @@ class Backend {
     virtual void copy(void* dst, const void* src, size_t bytes) = 0;
     // Waits until every op issued so far is done (download does it itself).
     virtual void synchronize() = 0;
+    // The KV cache's conversions, both buffers in backend memory: dst = src in storage type t
+    // (round to nearest even; f32 copies), and back (exact). The defaults convert in place on
+    // the host (kv_narrow / kv_widen): right for a backend whose memory is host memory; a device
+    // backend converts on the device.
+    virtual void narrow_kv(KvDtype t, const float* src /*[n]*/, size_t n, void* dst /*[n]*/);
+    virtual void widen_kv(KvDtype t, const void* src /*[n]*/, size_t n, float* dst /*[n]*/);
 
     // ---- weights ----
     // A host fp32 matrix in the backend's weight storage (CPU: an fp32 copy; CUDA: bf16 on the

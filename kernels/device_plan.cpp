@@ -27,7 +27,10 @@ AttnShape check_common(const P& p, const char* op, int n_rows, int n_keys, int m
         IF_CHECK(p.q && p.q_pos, op << ": q and q_pos are required");
     }
     if (n_rows > 0 && n_keys > 0) {
-        IF_CHECK(p.k && p.k_pos, op << ": k and k_pos are required");
+        const bool wide = p.kv_dtype == KvDtype::f32;
+        IF_CHECK((wide ? p.k != nullptr : p.k16 != nullptr) && p.k_pos,
+                 op << ": " << (wide ? "k" : "k16") << " and k_pos are required ("
+                    << kv_dtype_name(p.kv_dtype) << " keys)");
     }
     return s;
 }
@@ -38,7 +41,12 @@ AttnShape check_attention_args(const AttnParams& p, int max_head_dim) {
     const AttnShape s = check_common(p, "attention", p.n_q, p.n_kv, max_head_dim);
     if (p.n_q > 0) {
         IF_CHECK(p.out, "attention: out is required");
-        if (p.n_kv > 0) IF_CHECK(p.v, "attention: v is required");
+        if (p.n_kv > 0) {
+            const bool wide = p.kv_dtype == KvDtype::f32;
+            IF_CHECK(wide ? p.v != nullptr : p.v16 != nullptr,
+                     "attention: " << (wide ? "v" : "v16") << " is required ("
+                                   << kv_dtype_name(p.kv_dtype) << " values)");
+        }
     }
     return s;
 }

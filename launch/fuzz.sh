@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Runs one libFuzzer target of tests/fuzz/ under ASan/UBSan for a given time:
 #   launch/fuzz.sh TARGET SECONDS [extra libFuzzer flags]
-# TARGET: gguf | safetensors | tokenizer_json | tokenizer_encode | config (or "list").
+# TARGET: gguf | safetensors | tokenizer_json | tokenizer_encode | config | serve_request (or
+# "list").
 # Builds the target first if needed, in the sanitizer build (INFOFLOW_SAN_BUILD_DIR, default
 # build-san/, clang, INFOFLOW_FUZZ=ON). New inputs go to BUILD/fuzz-corpus/TARGET (the committed
 # seeds in tests/fuzz/corpus/TARGET stay as they are); a crash is saved to
 # BUILD/fuzz-artifacts/TARGET/ and makes this script exit non-zero.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-targets=(gguf safetensors tokenizer_json tokenizer_encode config)
+targets=(gguf safetensors tokenizer_json tokenizer_encode config serve_request)
 target="${1:?usage: launch/fuzz.sh TARGET SECONDS (targets: ${targets[*]})}"
 if [ "$target" = "list" ]; then
     printf '%s\n' "${targets[@]}"

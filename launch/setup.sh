@@ -12,11 +12,13 @@ packages=(cmake g++ make pkg-config python3 python3-pip unzip
           openmpi-bin libopenmpi-dev libopenblas-dev catch2 libhdf5-dev hdf5-tools
           nlohmann-json3-dev libtomlplusplus-dev libpcre2-dev libutf8proc-dev
           python3-jsonschema slurm-wlm munge python3-h5py iproute2
-          clang-14 libclang-rt-14-dev libomp-14-dev)
+          clang-14 libclang-rt-14-dev libomp-14-dev libcpp-httplib-dev curl)
 # python3-jsonschema: the result-schema test; python3-h5py: the KV store tests read stores;
 # slurm-wlm + munge: the one-node Slurm test cluster; iproute2 (ip netns, veth): the two-host
 # multinode tests;
-# clang-14 (+ compiler-rt, OpenMP): the sanitizer build and libFuzzer targets.
+# clang-14 (+ compiler-rt, OpenMP): the sanitizer build and libFuzzer targets;
+# libcpp-httplib-dev: the HTTP server of job serve; curl: the serve tests' health and metrics
+# checks.
 
 sudo_cmd=""
 if [ "$(id -u)" != "0" ]; then sudo_cmd="sudo"; fi
@@ -57,6 +59,14 @@ if ! python3 -c "import matplotlib" 2>/dev/null; then
     echo "[setup] installing bench/requirements.txt for $(command -v python3)"
     python3 -m pip install --quiet -r "$root/bench/requirements.txt" ||
         python3 -m pip install --quiet --break-system-packages -r "$root/bench/requirements.txt"
+fi
+
+# The official OpenAI Python client, the real client of the serve tests (tests/serve/), pinned.
+openai_version=3.60.0
+if ! python3 -c "import openai, sys; sys.exit(openai.__version__ != '$openai_version')" 2>/dev/null; then
+    echo "[setup] installing openai==$openai_version for $(command -v python3)"
+    python3 -m pip install --quiet "openai==$openai_version" ||
+        python3 -m pip install --quiet --break-system-packages "openai==$openai_version"
 fi
 
 # The model: SmolLM2-135M-Instruct, Q4_1 GGUF, carried by a pinned Python package (docs/design.md §7).

@@ -10,7 +10,9 @@
 # label, e.g. cpu: only the tests carrying it), INFOFLOW_SAN_TARGETS (a
 # space-separated list of test executables: build only those and the fuzz targets, and run each
 # of those executables directly instead of the CTest suite; `NAME:N` runs NAME on N MPI ranks,
-# and the word `demo` runs infoflow_sp on configs/demo.toml on 2 ranks, its answer checked).
+# the word `demo` runs infoflow_sp on configs/demo.toml on 2 ranks, its answer checked, and
+# `serve` runs the server of configs/serve.toml on 2 ranks: a plain and a streamed request with
+# curl, then SIGTERM to rank 0, which must drain and exit 0).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${INFOFLOW_SAN_BUILD_DIR:-$root/build-san}"
@@ -29,7 +31,7 @@ san_targets="${INFOFLOW_SAN_TARGETS:-}"
 if [ -n "$san_targets" ]; then
     fuzz_targets=$("$root/launch/fuzz.sh" list | sed 's/^/fuzz_/' | tr '\n' ' ')
     # NAME:N -> NAME; demo -> infoflow_sp
-    build_targets=$(for t in $san_targets; do t="${t%%:*}"; [ "$t" = demo ] && t=infoflow_sp; echo "$t"; done | sort -u | tr '\n' ' ')
+    build_targets=$(for t in $san_targets; do t="${t%%:*}"; case "$t" in demo|serve) t=infoflow_sp ;; esac; echo "$t"; done | sort -u | tr '\n' ' ')
     # shellcheck disable=SC2086
     cmake --build "$build" -j "$jobs" --target $build_targets $fuzz_targets fuzz_gen_corpus
 else
@@ -58,6 +60,31 @@ mpi_run() {  # mpi_run N EXE ARGS...: EXE on N ranks under the sanitizers
         mpirun --oversubscribe --bind-to none -np "$n" -x ASAN_OPTIONS -x LSAN_OPTIONS \
         -x UBSAN_OPTIONS -x LD_PRELOAD "$@"
 }
+# The server under the sanitizers: listens, answers a plain and a streamed chat request, and
+# drains on SIGTERM to rank 0 with exit code 0 (a sanitizer report would make it non-zero).
+serve_smoke() {
+    local out="$1" port="" pid0="" body
+    (cd "$root" && mpi_run 2 "$build/infoflow_sp" --config configs/serve.toml \
+        --set model.threads=1 --set serve.port=0 --set store.path=) > "$out" 2>&1 &
+    local job=$!
+    for _ in $(seq 1 1200); do
+        port=$(sed -nE 's/.*listening on http:\/\/[^:]+:([0-9]+) \(rank 0 pid ([0-9]+);.*/\1/p' "$out")
+        pid0=$(sed -nE 's/.*listening on http:\/\/[^:]+:([0-9]+) \(rank 0 pid ([0-9]+);.*/\2/p' "$out")
+        [ -n "$port" ] && [ "$(curl -s -o /dev/null -w '%{http_code}' "localhost:$port/health")" = 200 ] && break
+        kill -0 "$job" 2>/dev/null || break
+        sleep 0.5
+    done
+    [ -n "$port" ] || { cat "$out"; echo "[sanitizers] serve: never listened"; return 1; }
+    body="$root/configs/data/serve-request.json"  # the README's request: the demo's documents
+    curl -sf "localhost:$port/v1/chat/completions" -d @"$body" | grep -q "Colby" \
+        || { cat "$out"; echo "[sanitizers] serve: no answer naming Colby"; return 1; }
+    python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); j["stream"] = True; print(json.dumps(j))' \
+        "$body" | curl -sfN "localhost:$port/v1/chat/completions" -d @- \
+        | grep -q "data: \[DONE\]" || { cat "$out"; echo "[sanitizers] serve: no stream"; return 1; }
+    kill -TERM "$pid0"
+    wait "$job" || { cat "$out"; echo "[sanitizers] serve: exit code $? after SIGTERM"; return 1; }
+    grep -E "^\[serve\]|stopped" "$out"
+}
 (
     cd "$build"
     if [ -n "$san_targets" ]; then
@@ -72,6 +99,10 @@ mpi_run() {  # mpi_run N EXE ARGS...: EXE on N ranks under the sanitizers
                 grep -E "^(answer|reference) " "$out"
                 grep -q "match: the answer contains it" "$out" \
                     || { cat "$out"; echo "[sanitizers] demo: the answer does not match"; exit 1; }
+                ;;
+            serve)
+                echo "[sanitizers] serve: configs/serve.toml on 2 ranks, two requests, SIGTERM"
+                serve_smoke "$build/san-serve.txt" || exit 1
                 ;;
             *:*)
                 echo "[sanitizers] ${t%%:*} on ${t##*:} ranks"

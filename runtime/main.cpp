@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
             make_communicator(to_string(cfg.parallel.comm), comm_opts);
         install_interrupt_handlers(comm->rank(), comm->size());
         check_same_config(*comm, cfg.hash());
+        comm->set_link(detect_link(*comm));
         if (comm->rank() == 0) check_outputs_writable(cfg);
         run_job(cfg, *comm);
         comm->barrier();

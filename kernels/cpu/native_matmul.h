@@ -1,11 +1,15 @@
 // Matrix products with weights in their stored type (kernels/backend.h NativeMatrix), the CPU
-// backend's matmul_native and embed_native:
-//  - n <= kNativeDotMaxTokens (decode, small batches): each row of x is quantized once to
-//    Q8Block (F16/BF16/F32 weights take fp32 x), then fused stored-type dot products, output
-//    rows split over the threads;
-//  - larger n (prefill, recompute): each thread dequantizes one tile of weight rows at a time
-//    (up to 8 MB of fp32: a whole SmolLM2 matrix, or its share of one per thread) into its own
-//    fp32 scratch, kept between calls, and multiplies it with a single-threaded sgemm.
+// backend's matmul_native and embed_native. One path per weight type, whatever the row count:
+//  - quantized types: each row of x is quantized once to Q8Block and multiplied by fused
+//    stored-type integer dot products (row groups: four weight rows and up to four tokens per
+//    kernel call, the weights unpacked once for all of them);
+//  - quantized types with NativeMatrix::fp32_activations (the LM head): fp32 x, the codes widened
+//    in registers;
+//  - F32, F16, BF16: fp32 x, the rows widened in registers, 16 rows and up to 4 tokens per call.
+// Each output element is computed by the same operations in the same order whatever n is and
+// however the rows are split over threads, so a token's result does not depend on which rank
+// computes it or which other tokens share its call (docs/design.md §6.4). Each thread takes a
+// contiguous range of weight rows and runs it over the tokens in blocks of 32.
 #pragma once
 
 #include <cstdint>
@@ -13,8 +17,6 @@
 #include "kernels/backend.h"
 
 namespace infoflow::cpu {
-
-constexpr int kNativeDotMaxTokens = 16;
 
 // out = x W^T (+ bias) (+ out when accumulate).
 void native_matmul(const float* x /*[n, k]*/, const NativeMatrix& w /*[m, k]*/,

@@ -136,6 +136,17 @@ void gather_grouped_row(uint32_t type, const uint8_t* data, int64_t row, int64_t
     move_group_row(gs, k / 32, int(row % kRowGroup), group, out, false);
 }
 
+void gather_grouped_blocks(uint32_t type, const uint8_t* data, int64_t row, int64_t k, int64_t b0,
+                           int64_t nb, uint8_t* out) {
+    const GroupShape gs = group_shape(type);
+    const size_t rb = native_row_bytes(type, k);
+    IF_CHECK(b0 >= 0 && nb >= 0 && b0 + nb <= k / 32,
+             "row groups: blocks [" << b0 << ", " << b0 + nb << ") of a " << k << "-column row");
+    uint8_t* group = const_cast<uint8_t*>(data) + size_t(row / kRowGroup) * kRowGroup * rb +
+                     size_t(b0) * kRowGroup * gs.bytes;
+    move_group_row(gs, nb, int(row % kRowGroup), group, out, false);
+}
+
 const QuantKernels& quant_kernels(CpuIsa isa) {
     if (isa == CpuIsa::avx512) {
         IF_CHECK(cpu_has_avx512(), "the AVX-512 kernels need a CPU with AVX-512 (F/BW/VL/DQ)");
@@ -399,17 +410,21 @@ void quantize_q8_avx2(const float* x, Q8Block* y, int64_t k) {
     }
 }
 
-// Row groups on the AVX2 path: each row taken back to the plain layout, then the row kernels.
-void dot_q8_group_avx2(uint32_t type, const uint8_t* g, const Q8Block* x, int64_t k, float* out) {
+// Row groups on the AVX2 path: each row taken back to the plain layout, then the row kernels,
+// token by token (so a token's sums do not depend on the others in the call).
+void dot_q8_group_avx2(uint32_t type, const uint8_t* g, const Q8Block* x, int64_t k, int n,
+                       float* out, int64_t ldo) {
     thread_local std::vector<uint8_t> row;
     row.resize(native_row_bytes(type, k));
+    const int64_t nb = k / 32;
     for (int r = 0; r < kRowGroup; ++r) {
         gather_grouped_row(type, g, r, k, row.data());
-        out[r] = dot_q8_avx2(type, row.data(), x, k);
+        for (int t = 0; t < n; ++t) out[t * ldo + r] = dot_q8_avx2(type, row.data(), x + t * nb, k);
     }
 }
 
-void dot_f32_group_avx2(uint32_t type, const uint8_t* g, const float* x, int64_t k, float* out) {
+void dot_f32_group_avx2(uint32_t type, const uint8_t* g, const float* x, int64_t ldx, int64_t k,
+                        int n, float* out, int64_t ldo) {
     thread_local std::vector<uint8_t> row;
     thread_local std::vector<float> row32;
     row.resize(native_row_bytes(type, k));
@@ -417,9 +432,19 @@ void dot_f32_group_avx2(uint32_t type, const uint8_t* g, const float* x, int64_t
     for (int r = 0; r < kRowGroup; ++r) {
         gather_grouped_row(type, g, r, k, row.data());
         dequantize_avx2(type, row.data(), row32.data(), k);
-        out[r] = dot_float_row<load8_f32, scalar_f32, 4>(
-            reinterpret_cast<const uint8_t*>(row32.data()), x, k);
+        for (int t = 0; t < n; ++t) {
+            out[t * ldo + r] = dot_float_row<load8_f32, scalar_f32, 4>(
+                reinterpret_cast<const uint8_t*>(row32.data()), x + t * ldx, k);
+        }
     }
+}
+
+// Float rows on the AVX2 path: the row kernel, row by row and token by token.
+void dot_f32_rows_avx2(uint32_t type, const uint8_t* w, size_t row_bytes, int rows, const float* x,
+                       int64_t ldx, int64_t k, int n, float* out, int64_t ldo) {
+    for (int r = 0; r < rows; ++r)
+        for (int t = 0; t < n; ++t)
+            out[t * ldo + r] = dot_f32_avx2(type, w + r * row_bytes, x + t * ldx, k);
 }
 
 }  // namespace
@@ -427,7 +452,7 @@ void dot_f32_group_avx2(uint32_t type, const uint8_t* g, const float* x, int64_t
 const QuantKernels& quant_kernels_avx2() {
     static const QuantKernels k{CpuIsa::avx2,     quantize_q8_avx2,  dot_q8_avx2,
                                 dot_f32_avx2,     dequantize_avx2,   dot_q8_group_avx2,
-                                dot_f32_group_avx2};
+                                dot_f32_group_avx2, dot_f32_rows_avx2};
     return k;
 }
 

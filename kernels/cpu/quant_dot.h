@@ -58,6 +58,9 @@ void interleave_row_groups(uint32_t type, uint8_t* data /*[rows, row_bytes]*/, i
 // Row `row` of a row-grouped matrix in the plain layout.
 void gather_grouped_row(uint32_t type, const uint8_t* data, int64_t row, int64_t k,
                         uint8_t* out /*[row_bytes]*/);
+// Blocks [b0, b0 + nb) of that row in the plain layout.
+void gather_grouped_blocks(uint32_t type, const uint8_t* data, int64_t row, int64_t k, int64_t b0,
+                           int64_t nb, uint8_t* out /*[nb * block_bytes]*/);
 
 struct QuantKernels {
     CpuIsa isa;
@@ -72,13 +75,23 @@ struct QuantKernels {
     // One stored row (any supported type) to fp32.
     void (*dequantize)(uint32_t type, const uint8_t* w /*[row_bytes]*/, float* out /*[k]*/,
                        int64_t k);
-    // The kRowGroup rows of one row group (row_group_supported types) times quantized
-    // activations (out[r] = dot_q8 of row r), and times fp32 activations (the codes widened in
-    // registers; fp32 products and sums).
+    // The kRowGroup rows of one row group (row_group_supported types) times n token rows of
+    // quantized activations (out[t * ldo + r] = dot_q8 of row r and token t), and times fp32
+    // activations (the codes widened in registers; fp32 products and sums). A token's sums are
+    // the same bits whatever n is and whichever tokens share the call: native_matmul runs every
+    // row count through these, so a token's result does not depend on how the work is split
+    // (docs/design.md §6.4).
     void (*dot_q8_group)(uint32_t type, const uint8_t* g /*[4 * row_bytes]*/,
-                         const Q8Block* x /*[k/32]*/, int64_t k, float* out /*[4]*/);
+                         const Q8Block* x /*[n, k/32]*/, int64_t k, int n,
+                         float* out /*[n, ldo]*/, int64_t ldo);
     void (*dot_f32_group)(uint32_t type, const uint8_t* g /*[4 * row_bytes]*/,
-                          const float* x /*[k]*/, int64_t k, float* out /*[4]*/);
+                          const float* x /*[n, ldx]*/, int64_t ldx, int64_t k, int n,
+                          float* out /*[n, ldo]*/, int64_t ldo);
+    // `rows` F32/F16/BF16 rows times n token rows of fp32 activations: out[t * ldo + r] =
+    // dot_f32 of row r and token t, the same bits whatever rows and n are.
+    void (*dot_f32_rows)(uint32_t type, const uint8_t* w /*[rows, row_bytes]*/, size_t row_bytes,
+                         int rows, const float* x /*[n, ldx]*/, int64_t ldx, int64_t k, int n,
+                         float* out /*[n, ldo]*/, int64_t ldo);
 };
 
 // The kernels of one path (tests run both); throws when `isa` is avx512 and this CPU lacks it.

@@ -188,8 +188,11 @@ constexpr size_t group_header_bytes() {
     return kType == ggml_id::q4_1 ? 4 : 2;
 }
 
-template <bool kVnni, uint32_t kType>
-void dot_q8_group_t(const uint8_t* g, const Q8Block* x, int64_t nb, float* out) {
+// C tokens at once: the group's codes are loaded and unpacked once per block for all of them,
+// and each token's lanes go through exactly the operations of the one-token kernel (C = 1), in
+// the same order, so a token's four sums do not depend on which other tokens share the call.
+template <bool kVnni, uint32_t kType, int C>
+void dot_q8_group_t(const uint8_t* g, const Q8Block* x, int64_t nb, float* out, int64_t ldo) {
     constexpr size_t kH = group_header_bytes<kType>();
     constexpr size_t kBlock = 4 * (kType == ggml_id::q4_0 ? 18 : kType == ggml_id::q4_1 ? 20 : 34);
     constexpr bool kQ4 = kType != ggml_id::q8_0;
@@ -201,7 +204,10 @@ void dot_q8_group_t(const uint8_t* g, const Q8Block* x, int64_t nb, float* out) 
     const __m512i nib = _mm512_set1_epi8(0x0F);
     // Offset types: value = d * (code - off); Q8_0 codes become unsigned (+128) for VNNI.
     constexpr float kOff = kType == ggml_id::q4_0 ? 8.0f : kType == ggml_id::q8_0 ? 128.0f : 0.0f;
-    __m512 acc = _mm512_setzero_ps(), acc_m = _mm512_setzero_ps();
+    // Q8_0 without VNNI multiplies signed codes: no offset term.
+    constexpr bool kMinTerm = kType == ggml_id::q4_1 || kQ4 || kVnni;
+    __m512 acc[C], acc_m[C];
+    for (int t = 0; t < C; ++t) acc[t] = acc_m[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* p = g + size_t(b) * kBlock;
         _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
@@ -214,50 +220,61 @@ void dot_q8_group_t(const uint8_t* g, const Q8Block* x, int64_t nb, float* out) 
         } else {
             lo = _mm512_loadu_si512(p + 4 * kH);
             hi = _mm512_loadu_si512(p + 4 * kH + 64);
-        }
-        const __m512i xlo = bcast16(x[b].qs), xhi = bcast16(x[b].qs + 16);
-        __m512i s;
-        if constexpr (!kQ4 && !kVnni) {
-            s = _mm512_add_epi32(dot_signed(lo, xlo), dot_signed(hi, xhi));
-        } else {
-            if constexpr (!kQ4) {
+            if constexpr (kVnni) {
                 lo = _mm512_xor_si512(lo, _mm512_set1_epi8(char(0x80)));
                 hi = _mm512_xor_si512(hi, _mm512_set1_epi8(char(0x80)));
             }
-            if constexpr (kVnni) {
+        }
+        const __m512 d = _mm512_permutexvar_ps(idx_d, hd);
+        // The minimum (Q4_1) or the offset: m_r * (d_x * sum x), in lane 4r alone.
+        __m512 m = _mm512_setzero_ps();
+        if constexpr (kType == ggml_id::q4_1) {
+            m = _mm512_maskz_permutexvar_ps(0x1111, idx_m, hd);
+        } else if constexpr (kMinTerm) {
+            m = _mm512_mul_ps(_mm512_maskz_permutexvar_ps(0x1111, idx_d, hd),
+                              _mm512_set1_ps(-kOff));
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < C; ++t) {
+            const Q8Block& xb = x[t * nb + b];
+            const __m512i xlo = bcast16(xb.qs), xhi = bcast16(xb.qs + 16);
+            __m512i s;
+            if constexpr (!kQ4 && !kVnni) {
+                s = _mm512_add_epi32(dot_signed(lo, xlo), dot_signed(hi, xhi));
+            } else if constexpr (kVnni) {
                 s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xlo), hi,
                                         xhi);
             } else {
                 s = _mm512_add_epi32(dot_codes<false>(lo, xlo), dot_codes<false>(hi, xhi));
             }
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(xb.d)),
+                                     acc[t]);
+            if constexpr (kMinTerm) acc_m[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.ds), acc_m[t]);
         }
-        const __m512 d = _mm512_permutexvar_ps(idx_d, hd);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(x[b].d)),
-                              acc);
-        // The minimum (Q4_1) or the offset: m_r * (d_x * sum x), in lane 4r alone.
-        __m512 m;
-        if constexpr (kType == ggml_id::q4_1) {
-            m = _mm512_maskz_permutexvar_ps(0x1111, idx_m, hd);
-        } else if constexpr (kQ4 || kVnni) {
-            m = _mm512_mul_ps(_mm512_maskz_permutexvar_ps(0x1111, idx_d, hd),
-                              _mm512_set1_ps(-kOff));
-        } else {
-            continue;  // Q8_0 without VNNI: signed codes, no offset
-        }
-        acc_m = _mm512_fmadd_ps(m, _mm512_set1_ps(x[b].ds), acc_m);
     }
-    _mm_storeu_ps(out, reduce_rows4(_mm512_add_ps(acc, acc_m)));
+    for (int t = 0; t < C; ++t)
+        _mm_storeu_ps(out + t * ldo, reduce_rows4(_mm512_add_ps(acc[t], acc_m[t])));
+}
+
+// Tokens in runs of 4 (register pressure: 2 accumulators per token), the rest one by one.
+template <bool kVnni, uint32_t kType>
+void dot_q8_group_n(const uint8_t* g, const Q8Block* x, int64_t nb, int n, float* out,
+                    int64_t ldo) {
+    int t = 0;
+    for (; t + 4 <= n; t += 4) dot_q8_group_t<kVnni, kType, 4>(g, x + t * nb, nb, out + t * ldo, ldo);
+    for (; t < n; ++t) dot_q8_group_t<kVnni, kType, 1>(g, x + t * nb, nb, out + t * ldo, ldo);
 }
 
 template <bool kVnni>
-void dot_q8_group(uint32_t type, const uint8_t* g, const Q8Block* x, int64_t k, float* out) {
+void dot_q8_group(uint32_t type, const uint8_t* g, const Q8Block* x, int64_t k, int n, float* out,
+                  int64_t ldo) {
     switch (type) {
         case ggml_id::q4_0:
-            return dot_q8_group_t<kVnni, ggml_id::q4_0>(g, x, k / 32, out);
+            return dot_q8_group_n<kVnni, ggml_id::q4_0>(g, x, k / 32, n, out, ldo);
         case ggml_id::q4_1:
-            return dot_q8_group_t<kVnni, ggml_id::q4_1>(g, x, k / 32, out);
+            return dot_q8_group_n<kVnni, ggml_id::q4_1>(g, x, k / 32, n, out, ldo);
         case ggml_id::q8_0:
-            return dot_q8_group_t<kVnni, ggml_id::q8_0>(g, x, k / 32, out);
+            return dot_q8_group_n<kVnni, ggml_id::q8_0>(g, x, k / 32, n, out, ldo);
         default:
             IF_FAIL("dot_q8_group: ggml type " << type << " has no row groups");
     }
@@ -265,13 +282,15 @@ void dot_q8_group(uint32_t type, const uint8_t* g, const Q8Block* x, int64_t k, 
 
 // fp32 activations: each row's codes widened to fp32 in registers, one block at a time;
 // out[r] = sum_b d_rb * (codes_rb . x_b) (+ m_rb * sum x_b).
-template <uint32_t kType>
-void dot_f32_group_t(const uint8_t* g, const float* x, int64_t nb, float* out) {
+template <uint32_t kType, int C>
+void dot_f32_group_t(const uint8_t* g, const float* x, int64_t ldx, int64_t nb, float* out,
+                     int64_t ldo) {
     constexpr size_t kH = group_header_bytes<kType>();
     constexpr size_t kBlock = 4 * (kType == ggml_id::q4_0 ? 18 : kType == ggml_id::q4_1 ? 20 : 34);
     const __m128i nib = _mm_set1_epi8(0x0F);
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                     _mm512_setzero_ps()};
+    __m512 acc[C][4];
+    for (int t = 0; t < C; ++t)
+        for (int r = 0; r < 4; ++r) acc[t][r] = _mm512_setzero_ps();
     alignas(64) float hdr[16];
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* p = g + size_t(b) * kBlock;
@@ -279,8 +298,12 @@ void dot_f32_group_t(const uint8_t* g, const float* x, int64_t nb, float* out) {
         if constexpr (kBlock > 64)
             _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes + 64, _MM_HINT_T0);
         _mm512_store_ps(hdr, group_headers<kType>(p));
-        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
-        const __m512 xs = _mm512_add_ps(x0, x1);
+        __m512 x0[C], x1[C], xs[C];
+        for (int t = 0; t < C; ++t) {
+            x0[t] = _mm512_loadu_ps(x + t * ldx + 32 * b);
+            x1[t] = _mm512_loadu_ps(x + t * ldx + 32 * b + 16);
+            xs[t] = _mm512_add_ps(x0[t], x1[t]);
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < 4; ++r) {
             __m512i lo, hi;
@@ -299,25 +322,39 @@ void dot_f32_group_t(const uint8_t* g, const float* x, int64_t nb, float* out) {
                     hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(8));
                 }
             }
-            __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), x0);
-            t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), x1, t);
+            const __m512 flo = _mm512_cvtepi32_ps(lo), fhi = _mm512_cvtepi32_ps(hi);
             const float d = kType == ggml_id::q4_1 ? hdr[2 * r] : hdr[r];
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d), t, acc[r]);
-            if constexpr (kType == ggml_id::q4_1)
-                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(hdr[2 * r + 1]), xs, acc[r]);
+            for (int t = 0; t < C; ++t) {
+                __m512 v = _mm512_mul_ps(flo, x0[t]);
+                v = _mm512_fmadd_ps(fhi, x1[t], v);
+                acc[t][r] = _mm512_fmadd_ps(_mm512_set1_ps(d), v, acc[t][r]);
+                if constexpr (kType == ggml_id::q4_1)
+                    acc[t][r] = _mm512_fmadd_ps(_mm512_set1_ps(hdr[2 * r + 1]), xs[t], acc[t][r]);
+            }
         }
     }
-    for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+    for (int t = 0; t < C; ++t)
+        for (int r = 0; r < 4; ++r) out[t * ldo + r] = _mm512_reduce_add_ps(acc[t][r]);
 }
 
-void dot_f32_group(uint32_t type, const uint8_t* g, const float* x, int64_t k, float* out) {
+template <uint32_t kType>
+void dot_f32_group_n(const uint8_t* g, const float* x, int64_t ldx, int64_t nb, int n, float* out,
+                     int64_t ldo) {
+    int t = 0;
+    for (; t + 2 <= n; t += 2)
+        dot_f32_group_t<kType, 2>(g, x + t * ldx, ldx, nb, out + t * ldo, ldo);
+    for (; t < n; ++t) dot_f32_group_t<kType, 1>(g, x + t * ldx, ldx, nb, out + t * ldo, ldo);
+}
+
+void dot_f32_group(uint32_t type, const uint8_t* g, const float* x, int64_t ldx, int64_t k, int n,
+                   float* out, int64_t ldo) {
     switch (type) {
         case ggml_id::q4_0:
-            return dot_f32_group_t<ggml_id::q4_0>(g, x, k / 32, out);
+            return dot_f32_group_n<ggml_id::q4_0>(g, x, ldx, k / 32, n, out, ldo);
         case ggml_id::q4_1:
-            return dot_f32_group_t<ggml_id::q4_1>(g, x, k / 32, out);
+            return dot_f32_group_n<ggml_id::q4_1>(g, x, ldx, k / 32, n, out, ldo);
         case ggml_id::q8_0:
-            return dot_f32_group_t<ggml_id::q8_0>(g, x, k / 32, out);
+            return dot_f32_group_n<ggml_id::q8_0>(g, x, ldx, k / 32, n, out, ldo);
         default:
             IF_FAIL("dot_f32_group: ggml type " << type << " has no row groups");
     }
@@ -353,6 +390,65 @@ float dot_f32(uint32_t type, const uint8_t* w, const float* x, int64_t k) {
         a0 = _mm512_fmadd_ps(load16(type, w + i * es, n), _mm512_maskz_loadu_ps(m, x + i), a0);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+// R rows times C tokens, each (row, token) through exactly dot_f32's operations in its order
+// (two accumulators over alternate 16-element steps, the tail into the first, one reduction):
+// a row is widened once per step for all C tokens and a token's x once for all R rows.
+template <int R, int C>
+void dot_f32_tile(uint32_t type, const uint8_t* w, size_t row_bytes, const float* x, int64_t ldx,
+                  int64_t k, float* out, int64_t ldo) {
+    const size_t es = native_block_bytes(type);
+    __m512 a0[R][C], a1[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < C; ++t) a0[r][t] = a1[r][t] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= k; i += 32) {
+        __m512 x0[C], x1[C];
+        for (int t = 0; t < C; ++t) {
+            x0[t] = _mm512_loadu_ps(x + t * ldx + i);
+            x1[t] = _mm512_loadu_ps(x + t * ldx + i + 16);
+        }
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* wr = w + r * row_bytes;
+            const __m512 w0 = load16(type, wr + i * es, 16), w1 = load16(type, wr + (i + 16) * es, 16);
+            for (int t = 0; t < C; ++t) {
+                a0[r][t] = _mm512_fmadd_ps(w0, x0[t], a0[r][t]);
+                a1[r][t] = _mm512_fmadd_ps(w1, x1[t], a1[r][t]);
+            }
+        }
+    }
+    for (; i < k; i += 16) {
+        const int n = int(k - i < 16 ? k - i : 16);
+        const __mmask16 m = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+        for (int r = 0; r < R; ++r) {
+            const __m512 wv = load16(type, w + r * row_bytes + i * es, n);
+            for (int t = 0; t < C; ++t)
+                a0[r][t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + t * ldx + i), a0[r][t]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < C; ++t)
+            out[t * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][t], a1[r][t]));
+}
+
+template <int R>
+void dot_f32_rows_r(uint32_t type, const uint8_t* w, size_t row_bytes, const float* x,
+                    int64_t ldx, int64_t k, int n, float* out, int64_t ldo) {
+    int t = 0;
+    for (; t + 4 <= n; t += 4) dot_f32_tile<R, 4>(type, w, row_bytes, x + t * ldx, ldx, k, out + t * ldo, ldo);
+    for (; t < n; ++t) dot_f32_tile<R, 1>(type, w, row_bytes, x + t * ldx, ldx, k, out + t * ldo, ldo);
+}
+
+void dot_f32_rows(uint32_t type, const uint8_t* w, size_t row_bytes, int rows, const float* x,
+                  int64_t ldx, int64_t k, int n, float* out, int64_t ldo) {
+    IF_CHECK(type == ggml_id::f32 || type == ggml_id::f16 || type == ggml_id::bf16,
+             "dot_f32_rows: ggml type " << type << " is not a float weight type");
+    int r = 0;
+    for (; r + 2 <= rows; r += 2)
+        dot_f32_rows_r<2>(type, w + r * row_bytes, row_bytes, x, ldx, k, n, out + r, ldo);
+    for (; r < rows; ++r)
+        dot_f32_rows_r<1>(type, w + r * row_bytes, row_bytes, x, ldx, k, n, out + r, ldo);
 }
 
 // 32 codes to fp32: out = fma(d, code, m), 16 at a time.
@@ -469,7 +565,8 @@ const QuantKernels& quant_kernels_avx512() {
                                 dot_f32,
                                 dequantize,
                                 vnni ? dot_q8_group<true> : dot_q8_group<false>,
-                                dot_f32_group};
+                                dot_f32_group,
+                                dot_f32_rows};
     return k;
 }
 

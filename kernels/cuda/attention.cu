@@ -1,16 +1,35 @@
 // Plain attention kernels of the CUDA backend under the full visibility rule of AttnParams
 // (docs/design.md §5.2): the GPU-side oracle and fallback for the library kernels, and the InfoFlow
 // column scores. Written for obvious correctness, not speed; the CPU backend is the reference.
+// K/V come in the cache's storage type (fp32, f16 or bf16) and are widened per element.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/launch_plan.h"
 
 namespace infoflow::cuda {
 namespace {
 
-constexpr int kAttnThreads = 128;  // keys per tile = threads per block
 constexpr int kDimsPerThread = kMaxHeadDim / kAttnThreads;
+
+// One K/V element as fp32, from the storage type's bits.
+__device__ inline float kv_load(const float* p, size_t i) { return p[i]; }
+struct Bf16Bits {
+    const uint16_t* p;
+};
+struct F16Bits {
+    const uint16_t* p;
+};
+__device__ inline float kv_load(Bf16Bits b, size_t i) {
+    return __bfloat162float(__ushort_as_bfloat16(b.p[i]));
+}
+__device__ inline float kv_load(F16Bits b, size_t i) {
+    return __half2float(__ushort_as_half(b.p[i]));
+}
 
 __device__ inline bool visible(int32_t kp, int32_t kg, int32_t qp, int32_t qg, bool groups) {
     return kp <= qp && (!groups || kg < 0 || kg == qg);
@@ -41,8 +60,10 @@ __device__ float block_sum(float v, float* red) {
 }
 
 // Block (query i, head h). Thread t scores key j0 + t of each tile and owns output dims
-// t, t + kAttnThreads, ...; the tile's probabilities pass through shared memory.
-__global__ void attention_kernel(AttnParams p) {
+// t, t + kAttnThreads, ...; the tile's probabilities pass through shared memory. K and V are
+// read through kv_load (KV: const float*, Bf16Bits or F16Bits).
+template <class KV>
+__global__ void attention_kernel(AttnParams p, KV k, KV v) {
     __shared__ float q_s[kMaxHeadDim];
     __shared__ float p_s[kAttnThreads];
     __shared__ float red[kAttnThreads];
@@ -67,9 +88,9 @@ __global__ void attention_kernel(AttnParams p) {
         const int j = j0 + tid;
         float s = -INFINITY;
         if (j < p.n_kv && visible(p.k_pos[j], groups ? p.k_group[j] : -1, qp, qg, groups)) {
-            const float* kj = p.k + size_t(j) * p.kv_stride + size_t(hk) * D;
+            const size_t kj = size_t(j) * p.kv_stride + size_t(hk) * D;
             float dot = 0.0f;
-            for (int d = 0; d < D; ++d) dot += q_s[d] * kj[d];
+            for (int d = 0; d < D; ++d) dot += q_s[d] * kv_load(k, kj + d);
             s = dot;
         }
         const float tile_max = block_max(s, red);
@@ -87,7 +108,9 @@ __global__ void attention_kernel(AttnParams p) {
             float acc = o[r] * alpha;
             for (int jj = 0; jj < nk; ++jj) {
                 const float w = p_s[jj];
-                if (w != 0.0f) acc += w * p.v[size_t(j0 + jj) * p.kv_stride + size_t(hk) * D + d];
+                if (w != 0.0f) {
+                    acc += w * kv_load(v, size_t(j0 + jj) * p.kv_stride + size_t(hk) * D + d);
+                }
             }
             o[r] = acc;
         }
@@ -104,12 +127,11 @@ __global__ void attention_kernel(AttnParams p) {
     if (p.lse && tid == 0) p.lse[size_t(i) * p.n_head + h] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
-constexpr int kScoreThreads = 128;  // columns per block
-
 // Thread = column j. For each query row i (its scaled q and lse staged in shared memory), the
 // head-sum A = sum_h P[h, i, j] is formed and added ("sum") or squared after the head mean
-// ("norm").
-__global__ void attention_scores_kernel(ScoreParams p) {
+// ("norm"). Keys are read through kv_load, as in attention_kernel.
+template <class KV>
+__global__ void attention_scores_kernel(ScoreParams p, KV k) {
     extern __shared__ float smem[];
     const int H = p.n_head;
     const int D = p.head_dim;
@@ -137,10 +159,10 @@ __global__ void attention_scores_kernel(ScoreParams p) {
         for (int h = 0; h < H; ++h) {
             const float lse = lse_s[h];
             if (lse == -INFINITY) continue;
-            const float* kj = p.k + size_t(j) * p.kv_stride + size_t(h / g) * D;
+            const size_t kj = size_t(j) * p.kv_stride + size_t(h / g) * D;
             const float* qh = q_s + h * D;
             float dot = 0.0f;
-            for (int d = 0; d < D; ++d) dot += qh[d] * kj[d];
+            for (int d = 0; d < D; ++d) dot += qh[d] * kv_load(k, kj + d);
             const float x = dot - lse;
             a += x < -87.0f ? 0.0f : expf(x);
         }
@@ -158,16 +180,39 @@ __global__ void attention_scores_kernel(ScoreParams p) {
 
 void launch_attention(const AttnParams& p, void* stream) {
     if (p.n_q == 0) return;
-    const unsigned blocks = unsigned(size_t(p.n_q) * p.n_head);
-    attention_kernel<<<blocks, kAttnThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+    const LaunchDims l = plan_attention_own(p.n_q, p.n_head);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const unsigned blocks = unsigned(l.grid[0]), threads = l.block[0];
+    switch (p.kv_dtype) {
+        case KvDtype::f32:
+            attention_kernel<<<blocks, threads, 0, s>>>(p, p.k, p.v);
+            break;
+        case KvDtype::bf16:
+            attention_kernel<<<blocks, threads, 0, s>>>(p, Bf16Bits{p.k16}, Bf16Bits{p.v16});
+            break;
+        case KvDtype::f16:
+            attention_kernel<<<blocks, threads, 0, s>>>(p, F16Bits{p.k16}, F16Bits{p.v16});
+            break;
+    }
     IF_CUDA_LAUNCH_CHECK("attention");
 }
 
 void launch_attention_scores(const ScoreParams& p, void* stream) {
     if (p.n_q == 0 || p.n_cols == 0) return;
-    const unsigned blocks = unsigned((p.n_cols + kScoreThreads - 1) / kScoreThreads);
-    const size_t smem = size_t(p.n_head) * (p.head_dim + 1) * sizeof(float);
-    attention_scores_kernel<<<blocks, kScoreThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
+    const LaunchDims l = plan_attention_scores(p.n_cols, p.n_head, p.head_dim);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const unsigned blocks = unsigned(l.grid[0]), threads = l.block[0];
+    switch (p.kv_dtype) {
+        case KvDtype::f32:
+            attention_scores_kernel<<<blocks, threads, l.dyn_smem, s>>>(p, p.k);
+            break;
+        case KvDtype::bf16:
+            attention_scores_kernel<<<blocks, threads, l.dyn_smem, s>>>(p, Bf16Bits{p.k16});
+            break;
+        case KvDtype::f16:
+            attention_scores_kernel<<<blocks, threads, l.dyn_smem, s>>>(p, F16Bits{p.k16});
+            break;
+    }
     IF_CUDA_LAUNCH_CHECK("attention_scores");
 }
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/attn_mask.h"
+#include "kernels/cuda/launch_plan.h"
 #include "runtime/core/error.h"
 
 namespace infoflow {
@@ -24,10 +25,9 @@ void launch_attn_mask_build(const MaskSpec& s, uint8_t* bits, void* stream) {
     const size_t n_bytes = attn_mask_bytes(s.n_q, s.n_kv);
     if (n_bytes == 0) return;
     IF_CHECK(s.q_pos && s.k_pos && bits, "launch_attn_mask_build: null positions or mask");
-    const unsigned threads = 256;
-    const size_t blocks = (n_bytes + threads - 1) / threads;
-    attn_mask_kernel<<<unsigned(blocks), threads, 0, static_cast<cudaStream_t>(stream)>>>(s, bits,
-                                                                                          n_bytes);
+    const LaunchDims l = plan_mask_build(s.n_q, s.n_kv);
+    attn_mask_kernel<<<unsigned(l.grid[0]), l.block[0], 0, static_cast<cudaStream_t>(stream)>>>(
+        s, bits, n_bytes);
     const cudaError_t e = cudaGetLastError();
     IF_CHECK(e == cudaSuccess, "launch_attn_mask_build (n_q=" << s.n_q << " n_kv=" << s.n_kv
                                                               << "): " << cudaGetErrorString(e));

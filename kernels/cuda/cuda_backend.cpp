@@ -1,17 +1,19 @@
 // The CUDA backend: device buffers, one stream, cuBLAS GEMMs (bf16 in, fp32 compute and out)
-// and the kernels behind kernels/cuda/launch.h. Weights are bf16 on the device; activations, KV
-// and every accumulation fp32. Host index arrays are staged into device scratch per op, through
-// a small ring of pinned buffers so the host never waits for the device to stage (docs/design.md §5,
-// kernels/backend.h).
+// and the kernels behind kernels/cuda/launch.h. Weights are bf16 on the device; activations and
+// every accumulation fp32; the KV cache in model.kv_dtype (f32, f16 or bf16: narrow_kv /
+// widen_kv convert on the device). Host index arrays are staged into device scratch per op,
+// through a small ring of pinned buffers so the host never waits for the device to stage
+// (docs/design.md §5, kernels/backend.h).
 //
 // Attention: every call FlashInfer computes exactly (attn_dispatch.h: dense causal, decode,
-// custom mask) goes to FlashInfer's kernels, with q, k and v cast to bf16 into scratch first
-// (the KV cache stays fp32: the method code reads and copies it as fp32 rows in many places);
-// the rest goes to the backend's own fp32 kernel (attention.cu), which is also the oracle the
-// GPU tests compare FlashInfer against. The environment variable INFOFLOW_CUDA_ATTENTION, read
-// when the backend is made, chooses: "auto" (default, as above), "own" (the own kernel for
-// every call) or "flashinfer" (FlashInfer where attn_dispatch allows it, an error naming the
-// reason where it does not: for tests and benchmarks that must measure FlashInfer).
+// custom mask) goes to FlashInfer's kernels, with q cast to bf16 into scratch and K/V read in
+// place when they are bf16 rows (a bf16 cache), else cast to packed bf16 rows first (f32, f16);
+// the rest goes to the backend's own kernel (attention.cu: K/V in their storage type, fp32
+// arithmetic), which is also the oracle the GPU tests compare FlashInfer against. The
+// environment variable INFOFLOW_CUDA_ATTENTION, read when the backend is made, chooses: "auto"
+// (default, as above), "own" (the own kernel for every call) or "flashinfer" (FlashInfer where
+// attn_dispatch allows it, an error naming the reason where it does not: for tests and
+// benchmarks that must measure FlashInfer).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -27,6 +29,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/flashinfer_attention.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/device_plan.h"
 #include "runtime/core/half.h"
 
@@ -159,6 +162,24 @@ class CudaBackend final : public Backend {
         if (is_host(dst) || is_host(src)) IF_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
     void synchronize() override { IF_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+    void narrow_kv(KvDtype t, const float* src, size_t n, void* dst) override {
+        if (t == KvDtype::f32) return copy(dst, src, n * sizeof(float));
+        cuda::KvConvertParams p;
+        p.t = t;
+        p.n = n;
+        p.src = src;
+        p.dst = static_cast<uint16_t*>(dst);
+        cuda::launch_kv_narrow(p, stream_);
+    }
+    void widen_kv(KvDtype t, const void* src, size_t n, float* dst) override {
+        if (t == KvDtype::f32) return copy(dst, src, n * sizeof(float));
+        cuda::KvConvertParams p;
+        p.t = t;
+        p.n = n;
+        p.src16 = static_cast<const uint16_t*>(src);
+        p.dst32 = dst;
+        cuda::launch_kv_widen(p, stream_);
+    }
 
     // ---- weights ----
     Buffer load_matrix(const float* host, int rows, int cols) override {
@@ -246,9 +267,6 @@ class CudaBackend final : public Backend {
     }
 
     void attention(const AttnParams& p) override {
-        IF_CHECK(p.kv_dtype == KvDtype::f32, "attention with model.kv_dtype = \""
-                                                 << kv_dtype_name(p.kv_dtype)
-                                                 << "\": not implemented yet on the cuda backend");
         const AttnShape s = check_attention_args(p, cuda::kMaxHeadDim);
         if (p.n_q == 0) return;
         if (attn_mode_ != AttnMode::kOwn) {
@@ -291,9 +309,6 @@ class CudaBackend final : public Backend {
     }
 
     void attention_scores(const ScoreParams& p) override {
-        IF_CHECK(p.kv_dtype == KvDtype::f32, "attention_scores with model.kv_dtype = \""
-                                                 << kv_dtype_name(p.kv_dtype)
-                                                 << "\": not implemented yet on the cuda backend");
         const AttnShape s = check_score_args(p, cuda::kMaxHeadDim);
         if (p.n_q == 0 || p.n_cols == 0) return;
         IF_CHECK(size_t(p.n_head) * (p.head_dim + 1) <= size_t(cuda::kMaxScoreSharedFloats),
@@ -344,68 +359,77 @@ class CudaBackend final : public Backend {
     }
 
   private:
-    // FlashInfer attention (attn_dispatch chose `d`): q packed and the k/v rows of the cache
-    // slice cast to bf16 into one scratch block (each part 256-byte aligned), then, for a custom
+    // FlashInfer attention (attn_dispatch chose `d`): q cast to bf16 and, unless FlashInfer can
+    // read them in place (flash_kv_in_place: bf16 rows), the k/v rows of the cache slice cast to
+    // packed bf16, into one scratch block (launch_plan.h, plan_flash_scratch); then, for a custom
     // mask, the mask built on the device from the staged positions and groups, and the split-KV
     // workspace where FlashInfer wants one. All in stream order, nothing waits.
     void flash_attention(const AttnParams& p, const AttnShape& s, const AttnDispatch& d) {
-        const int row = p.n_head_kv * p.head_dim;  // packed bf16 k/v row (a multiple of 8)
-        const auto up256 = [](size_t b) { return (b + 255) / 256 * 256; };
-        const size_t q_bytes = up256(size_t(p.n_q) * p.n_head * p.head_dim * sizeof(uint16_t));
-        const size_t kv_bytes = up256(size_t(p.n_kv) * row * sizeof(uint16_t));
-        const size_t mask_bytes =
-            d.kernel == AttnKernel::kFlashMasked ? up256(attn_mask_bytes(p.n_q, p.n_kv)) : 0;
+        const bool wide = p.kv_dtype == KvDtype::f32;
+        const void* k_in = wide ? static_cast<const void*>(p.k) : p.k16;
+        const void* v_in = wide ? static_cast<const void*>(p.v) : p.v16;
+        const bool in_place = flash_kv_in_place(p.kv_dtype, k_in, v_in, s.stride);
+        const bool masked = d.kernel == AttnKernel::kFlashMasked;
         const size_t ws_bytes =
             flashinfer_workspace_bytes(p.n_q, p.n_kv, p.n_head, p.n_head_kv, p.head_dim);
-        const size_t total = q_bytes + 2 * kv_bytes + mask_bytes + up256(ws_bytes);
+        const FlashScratch sc = plan_flash_scratch(p.n_q, p.n_kv, p.n_head, p.n_head_kv, p.head_dim,
+                                                   in_place, masked, ws_bytes);
         // Staging goes first: stage() may wait for the stream, grow() below as well.
         std::vector<const int32_t*> idx;
-        if (d.kernel == AttnKernel::kFlashMasked) {
+        if (masked) {
             idx = stage({{p.q_pos, size_t(p.n_q)},
                          {p.k_pos, size_t(p.n_kv)},
                          {p.q_group, size_t(p.n_q)},
                          {p.k_group, size_t(p.n_kv)}});
         }
-        grow(&attn_scratch_, &attn_scratch_cap_, total, stream_);
+        grow(&attn_scratch_, &attn_scratch_cap_, sc.total, stream_);
         char* base = static_cast<char*>(attn_scratch_);
-        uint16_t* qb = reinterpret_cast<uint16_t*>(base);
-        uint16_t* kb = reinterpret_cast<uint16_t*>(base + q_bytes);
-        uint16_t* vb = reinterpret_cast<uint16_t*>(base + q_bytes + kv_bytes);
-        uint8_t* mask = reinterpret_cast<uint8_t*>(base + q_bytes + 2 * kv_bytes);
-        void* ws = base + q_bytes + 2 * kv_bytes + mask_bytes;
+        uint16_t* qb = reinterpret_cast<uint16_t*>(base + sc.q);
 
         cuda::CastBf16Params cq;
         cq.x = p.q;
         cq.out = qb;
         cq.n = size_t(p.n_q) * p.n_head * p.head_dim;
         cuda::launch_cast_bf16(cq, stream_);
-        cuda::CastRowsBf16Params ck;
-        ck.x_stride = size_t(s.stride);
-        ck.rows = size_t(p.n_kv);
-        ck.cols = size_t(row);
-        ck.x = p.k;
-        ck.out = kb;
-        cuda::launch_cast_rows_bf16(ck, stream_);
-        ck.x = p.v;
-        ck.out = vb;
-        cuda::launch_cast_rows_bf16(ck, stream_);
 
         FlashAttnParams f;
         f.q = qb;
-        f.k = kb;
-        f.v = vb;
+        if (in_place) {
+            f.k = k_in;
+            f.v = v_in;
+            f.kv_stride = s.stride;
+        } else {
+            uint16_t* kb = reinterpret_cast<uint16_t*>(base + sc.k);
+            uint16_t* vb = reinterpret_cast<uint16_t*>(base + sc.v);
+            cuda::CastRowsBf16Params ck;
+            ck.x_stride = size_t(s.stride);
+            ck.rows = size_t(p.n_kv);
+            ck.cols = size_t(p.n_head_kv) * p.head_dim;
+            ck.x_dtype = p.kv_dtype;
+            ck.x = p.k;
+            ck.x16 = p.k16;
+            ck.out = kb;
+            cuda::launch_cast_rows_bf16(ck, stream_);
+            ck.x = p.v;
+            ck.x16 = p.v16;
+            ck.out = vb;
+            cuda::launch_cast_rows_bf16(ck, stream_);
+            f.k = kb;
+            f.v = vb;
+            f.kv_stride = p.n_head_kv * p.head_dim;
+        }
         f.n_q = p.n_q;
         f.n_kv = p.n_kv;
         f.n_head = p.n_head;
         f.n_head_kv = p.n_head_kv;
         f.head_dim = p.head_dim;
-        f.kv_stride = row;
         f.scale = s.scale;
         f.out = p.out;
         f.lse = p.lse;
-        f.workspace = ws_bytes ? ws : nullptr;
+        f.workspace = ws_bytes ? base + sc.workspace : nullptr;
         f.workspace_bytes = ws_bytes;
-        if (d.kernel == AttnKernel::kFlashMasked) {
+        if (masked) {
+            uint8_t* mask = reinterpret_cast<uint8_t*>(base + sc.mask);
             MaskSpec m;
             m.q_pos = idx[0];
             m.k_pos = idx[1];

@@ -1,26 +1,24 @@
-// Element-wise and per-row kernels of the CUDA backend: bf16 cast and random fill, embedding
-// gather, RMSNorm, RoPE, SwiGLU, add, bias, LSE merge. Written plainly (grid-stride loops, one
-// block per row where a row is reduced); the CPU backend is the reference for each.
+// Element-wise and per-row kernels of the CUDA backend: bf16 cast and random fill, the KV
+// cache's f16/bf16 conversions, embedding gather, RMSNorm, RoPE, SwiGLU, add, bias, LSE merge.
+// Written plainly (grid-stride loops, one block per row where a row is reduced); the CPU backend
+// is the reference for each. Grids come from launch_plan.h.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/launch_plan.h"
 #include "kernels/random_init.h"
 
 namespace infoflow::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// Enough blocks for a grid-stride loop over n elements, capped (the loop covers the rest).
-unsigned grid_for(size_t n) {
-    const size_t blocks = (n + kThreads - 1) / kThreads;
-    return unsigned(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
-}
+// Blocks of a grid-stride loop over n elements (launch_plan.h: capped, the loop covers the rest).
+unsigned grid_for(size_t n) { return unsigned(plan_grid_stride("", n).grid[0]); }
 
 __device__ inline uint16_t to_bf16_bits(float f) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
@@ -28,6 +26,8 @@ __device__ inline uint16_t to_bf16_bits(float f) {
 __device__ inline float from_bf16_bits(uint16_t b) {
     return __bfloat162float(__ushort_as_bfloat16(b));
 }
+__device__ inline uint16_t to_f16_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+__device__ inline float from_f16_bits(uint16_t b) { return __half2float(__ushort_as_half(b)); }
 
 __global__ void cast_bf16_kernel(const float* x, uint16_t* out, size_t n) {
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
@@ -42,6 +42,31 @@ __global__ void cast_rows_bf16_kernel(const float* x, size_t x_stride, uint16_t*
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
          i += size_t(gridDim.x) * blockDim.x) {
         out[i] = to_bf16_bits(x[(i / cols) * x_stride + i % cols]);
+    }
+}
+
+// 16-bit rows: f16 widened (exact) and rounded to bf16; bf16 copied.
+__global__ void cast_rows16_bf16_kernel(const uint16_t* x, bool f16, size_t x_stride, uint16_t* out,
+                                        size_t rows, size_t cols) {
+    const size_t n = rows * cols;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+         i += size_t(gridDim.x) * blockDim.x) {
+        const uint16_t b = x[(i / cols) * x_stride + i % cols];
+        out[i] = f16 ? to_bf16_bits(from_f16_bits(b)) : b;
+    }
+}
+
+__global__ void kv_narrow_kernel(const float* src, bool f16, size_t n, uint16_t* dst) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+         i += size_t(gridDim.x) * blockDim.x) {
+        dst[i] = f16 ? to_f16_bits(src[i]) : to_bf16_bits(src[i]);
+    }
+}
+
+__global__ void kv_widen_kernel(const uint16_t* src, bool f16, size_t n, float* dst) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+         i += size_t(gridDim.x) * blockDim.x) {
+        dst[i] = f16 ? from_f16_bits(src[i]) : from_bf16_bits(src[i]);
     }
 }
 
@@ -161,9 +186,32 @@ void launch_cast_rows_bf16(const CastRowsBf16Params& p, void* stream) {
     if (p.rows == 0 || p.cols == 0) return;
     IF_CHECK(p.x_stride >= p.cols,
              "cast_rows_bf16: row stride " << p.x_stride << " < " << p.cols << " columns");
-    cast_rows_bf16_kernel<<<grid_for(p.rows * p.cols), kThreads, 0, as_stream(stream)>>>(
-        p.x, p.x_stride, p.out, p.rows, p.cols);
+    const unsigned blocks = grid_for(p.rows * p.cols);
+    if (p.x16 != nullptr) {
+        IF_CHECK(p.x_dtype != KvDtype::f32, "cast_rows_bf16: 16-bit rows given as f32");
+        cast_rows16_bf16_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(
+            p.x16, p.x_dtype == KvDtype::f16, p.x_stride, p.out, p.rows, p.cols);
+    } else {
+        cast_rows_bf16_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(p.x, p.x_stride, p.out,
+                                                                          p.rows, p.cols);
+    }
     IF_CUDA_LAUNCH_CHECK("cast_rows_bf16");
+}
+
+void launch_kv_narrow(const KvConvertParams& p, void* stream) {
+    if (p.n == 0) return;
+    IF_CHECK(p.t != KvDtype::f32, "kv_narrow: f32 is a copy, not a conversion");
+    kv_narrow_kernel<<<grid_for(p.n), kThreads, 0, as_stream(stream)>>>(p.src, p.t == KvDtype::f16,
+                                                                        p.n, p.dst);
+    IF_CUDA_LAUNCH_CHECK("kv_narrow");
+}
+
+void launch_kv_widen(const KvConvertParams& p, void* stream) {
+    if (p.n == 0) return;
+    IF_CHECK(p.t != KvDtype::f32, "kv_widen: f32 is a copy, not a conversion");
+    kv_widen_kernel<<<grid_for(p.n), kThreads, 0, as_stream(stream)>>>(p.src16, p.t == KvDtype::f16,
+                                                                       p.n, p.dst32);
+    IF_CUDA_LAUNCH_CHECK("kv_widen");
 }
 
 void launch_fill_random_bf16(const FillRandomParams& p, void* stream) {
@@ -183,7 +231,9 @@ void launch_embed(const EmbedParams& p, void* stream) {
 
 void launch_rms_norm(const RmsNormParams& p, void* stream) {
     if (p.n == 0 || p.d == 0) return;
-    rms_norm_kernel<<<unsigned(p.n), kThreads, 0, as_stream(stream)>>>(p.x, p.w, p.d, p.eps, p.out);
+    const LaunchDims l = plan_rms_norm(p.n);
+    rms_norm_kernel<<<unsigned(l.grid[0]), l.block[0], 0, as_stream(stream)>>>(p.x, p.w, p.d, p.eps,
+                                                                               p.out);
     IF_CUDA_LAUNCH_CHECK("rms_norm");
 }
 
@@ -216,9 +266,9 @@ void launch_add_bias(const AddBiasParams& p, void* stream) {
 
 void launch_lse_merge(const LseMergeParams& p, void* stream) {
     if (p.rows == 0) return;
-    const unsigned blocks = unsigned((p.rows + kThreads - 1) / kThreads);
-    lse_merge_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(p.o_a, p.lse_a, p.o_b, p.lse_b,
-                                                                 p.rows, p.head_dim);
+    const LaunchDims l = plan_lse_merge(p.rows);
+    lse_merge_kernel<<<unsigned(l.grid[0]), l.block[0], 0, as_stream(stream)>>>(
+        p.o_a, p.lse_a, p.o_b, p.lse_b, p.rows, p.head_dim);
     IF_CUDA_LAUNCH_CHECK("lse_merge");
 }
 

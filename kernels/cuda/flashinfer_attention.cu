@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/flashinfer_attention.h"
 #include "kernels/cuda/flashinfer_attention_launch.h"
+#include "kernels/cuda/launch_plan.h"
 #include "runtime/core/error.h"
 
 namespace infoflow {
@@ -68,14 +69,9 @@ __global__ void merge_chunks(const float* part_o /*[n_q, n_chunks, n_head, head_
     }
 }
 
-struct Device {
-    int smem_per_sm = 0;
-    int smem_optin = 0;
-    int num_sm = 0;
-};
-
-Device current_device() {
-    Device d;
+// The current device's limits (shared memory, SMs) for flashinfer_tile and flashinfer_plan.
+DeviceLimits current_device() {
+    DeviceLimits d;
     int dev = 0;
     FI_CUDA_CHECK(cudaGetDevice(&dev), "FlashInfer attention: cudaGetDevice");
     FI_CUDA_CHECK(
@@ -101,33 +97,20 @@ cudaError_t launch_hd(int head_dim, const Launch& l, const Tile& t, cudaStream_t
                           : flashinfer_detail::launch<128, MODE>(l, t, s);
 }
 
-struct Plan {
-    Tile tile;
-    int num_chunks = 1;
-};
-
+// The launch plan (launch_plan.h): the tile as FlashInfer would pick it, the split from the
+// tile kernel's occupancy on this device.
 template <MaskMode MODE>
-Plan plan(int n_q, int n_kv, int n_head, int n_head_kv, int head_dim) {
-    const Device dev = current_device();
+FlashPlan plan(int n_q, int n_kv, int n_head, int n_head_kv, int head_dim) {
+    const DeviceLimits dev = current_device();
     const int packed = n_q * (n_head / n_head_kv);
     const FlashTile ft = flashinfer_tile(packed, head_dim, dev.smem_per_sm, dev.smem_optin);
     IF_CHECK(ft.num_mma_kv > 0, "FlashInfer attention: head_dim "
                                     << head_dim << " needs more "
                                     << "shared memory than this device has (" << dev.smem_optin
                                     << " bytes per block)");
-    Plan pl;
-    pl.tile.cta_tile_q = uint32_t(ft.cta_tile_q);
-    pl.tile.num_mma_kv = uint32_t(ft.num_mma_kv);
-    const int q_tiles = (packed + ft.cta_tile_q - 1) / ft.cta_tile_q;
-    pl.num_chunks = flashinfer_split_chunks(q_tiles * n_head_kv, n_kv,
-                                            blocks_per_sm<MODE>(head_dim, pl.tile) * dev.num_sm);
-    return pl;
-}
-
-size_t split_bytes(int n_q, int n_head, int head_dim, int num_chunks) {
-    return num_chunks <= 1
-               ? 0
-               : size_t(num_chunks) * n_q * n_head * (size_t(head_dim) + 1) * sizeof(float);
+    const Tile t{uint32_t(ft.cta_tile_q), uint32_t(ft.num_mma_kv)};
+    return flashinfer_plan(n_q, n_kv, n_head, n_head_kv, head_dim, ft,
+                           blocks_per_sm<MODE>(head_dim, t) * dev.num_sm);
 }
 
 void check_params(const FlashAttnParams& p, const char* what) {
@@ -163,25 +146,38 @@ void run(const FlashAttnParams& p, cudaStream_t stream, const char* what) {
         FI_CUDA_CHECK(cudaGetLastError(), what);
         return;
     }
-    Plan pl = plan<MODE>(p.n_q, p.n_kv, p.n_head, p.n_head_kv, p.head_dim);
-    const size_t need = split_bytes(p.n_q, p.n_head, p.head_dim, pl.num_chunks);
-    if (need == 0 || p.workspace == nullptr || p.workspace_bytes < need) pl.num_chunks = 1;
+    FlashPlan pl = plan<MODE>(p.n_q, p.n_kv, p.n_head, p.n_head_kv, p.head_dim);
+    if (pl.num_chunks > 1 && (p.workspace == nullptr || p.workspace_bytes < pl.workspace)) {
+        // No room for the split partials: the same tile, one chunk.
+        pl = flashinfer_plan(p.n_q, p.n_kv, p.n_head, p.n_head_kv, p.head_dim, pl.tile, 0);
+    }
+    const std::string overflow = flashinfer_index_violation(p.n_q, p.n_kv, p.n_head, p.n_head_kv,
+                                                            p.head_dim, p.kv_stride, pl.num_chunks);
+    IF_CHECK(overflow.empty(), what << ": " << overflow);
+    Launch l{&p, p.out, p.lse, uint32_t(pl.num_chunks)};
+    for (int i = 0; i < 3; ++i) {
+        l.grid[i] = uint32_t(pl.attn.grid[i]);
+        l.block[i] = pl.attn.block[i];
+    }
+    l.smem = pl.attn.dyn_smem;
+    const Tile tile{uint32_t(pl.tile.cta_tile_q), uint32_t(pl.tile.num_mma_kv)};
+    const auto grid = [](const LaunchDims& d) { return unsigned(d.grid[0]); };
     cudaError_t e;
     try {
         if (pl.num_chunks == 1) {
-            Launch l{&p, p.out, p.lse, 1};
-            e = launch_hd<MODE>(p.head_dim, l, pl.tile, stream);
+            e = launch_hd<MODE>(p.head_dim, l, tile, stream);
             if (e == cudaSuccess && p.lse) {
-                lse_log2_to_ln<<<unsigned((rows + 255) / 256), 256, 0, stream>>>(p.lse, rows);
+                lse_log2_to_ln<<<grid(pl.epilogue), pl.epilogue.block[0], 0, stream>>>(p.lse, rows);
                 e = cudaGetLastError();
             }
         } else {
             float* part_o = static_cast<float*>(p.workspace);
             float* part_lse2 = part_o + size_t(pl.num_chunks) * rows * p.head_dim;
-            Launch l{&p, part_o, part_lse2, uint32_t(pl.num_chunks)};
-            e = launch_hd<MODE>(p.head_dim, l, pl.tile, stream);
+            l.o = part_o;
+            l.lse2 = part_lse2;
+            e = launch_hd<MODE>(p.head_dim, l, tile, stream);
             if (e == cudaSuccess) {
-                merge_chunks<<<unsigned(rows), unsigned(p.head_dim), 0, stream>>>(
+                merge_chunks<<<grid(pl.epilogue), pl.epilogue.block[0], 0, stream>>>(
                     part_o, part_lse2, pl.num_chunks, p.n_head, p.head_dim, p.out, p.lse);
                 e = cudaGetLastError();
             }
@@ -204,8 +200,7 @@ size_t flashinfer_workspace_bytes(int n_q, int n_kv, int n_head, int n_head_kv, 
         return 0;
     }
     // The causal and masked kernels share tile shapes and occupancy; one plan covers both.
-    const Plan pl = plan<MaskMode::kCausal>(n_q, n_kv, n_head, n_head_kv, head_dim);
-    return split_bytes(n_q, n_head, head_dim, pl.num_chunks);
+    return plan<MaskMode::kCausal>(n_q, n_kv, n_head, n_head_kv, head_dim).workspace;
 }
 
 void launch_flashinfer_prefill(const FlashAttnParams& p, void* stream) {

@@ -19,6 +19,7 @@
 #include <flashinfer/attention/variants.cuh>
 
 #include "kernels/cuda/flashinfer_attention_launch.h"
+#include "kernels/cuda/flashinfer_smem.h"
 
 namespace infoflow {
 namespace flashinfer_detail {
@@ -41,6 +42,8 @@ struct Kernel {
     static_assert(!Traits::IsInvalid(), "tile shape FlashInfer cannot run");
     static_assert(!Traits::USE_SINGLE_PREFILL_SOFTMAX_VO_SPLIT, "bf16 KV takes the plain path");
     using Storage = typename Traits::SharedStorage;
+    static_assert(sizeof(Storage) == flashinfer_smem_bytes(CTA_TILE_Q, NUM_MMA_KV, HEAD_DIM),
+                  "flashinfer_smem.h no longer matches FlashInfer's SharedStorage");
 
     static const void* fn() {
         return reinterpret_cast<const void*>(
@@ -63,16 +66,20 @@ struct Kernel {
                       /*kv_stride_h=*/HEAD_DIM, HEAD_DIM, /*window_left=*/-1,
                       /*logits_soft_cap=*/0.0f, scale, /*rope_scale=*/1.0f, /*rope_theta=*/1e4f);
         params.partition_kv = l.num_chunks > 1;
-        const size_t smem_bytes = smem();
-        cudaError_t e = cudaFuncSetAttribute(fn(), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(smem_bytes));
+        // The plan's dimensions must be this kernel's: its threads, its tiles, its storage.
+        const uint32_t packed = uint32_t(p.n_q) * uint32_t(p.n_head / p.n_head_kv);
+        if (l.smem != smem() || l.block[0] != 32 || l.block[1] != NUM_WARPS_Q ||
+            l.block[2] != NUM_WARPS_KV || l.grid[0] != (packed + CTA_TILE_Q - 1) / CTA_TILE_Q ||
+            l.grid[1] != l.num_chunks || l.grid[2] != uint32_t(p.n_head_kv)) {
+            return cudaErrorInvalidConfiguration;
+        }
+        cudaError_t e =
+            cudaFuncSetAttribute(fn(), cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.smem));
         if (e != cudaSuccess) return e;
-        const uint32_t group = uint32_t(p.n_head / p.n_head_kv);
-        const uint32_t packed = uint32_t(p.n_q) * group;
-        dim3 blocks((packed + CTA_TILE_Q - 1) / CTA_TILE_Q, l.num_chunks, uint32_t(p.n_head_kv));
-        dim3 threads(32, NUM_WARPS_Q, NUM_WARPS_KV);
+        const dim3 blocks(l.grid[0], l.grid[1], l.grid[2]);
+        const dim3 threads(l.block[0], l.block[1], l.block[2]);
         void* args[] = {static_cast<void*>(&params)};
-        return cudaLaunchKernel(fn(), blocks, threads, args, smem_bytes, stream);
+        return cudaLaunchKernel(fn(), blocks, threads, args, l.smem, stream);
     }
 
     static int blocks_per_sm() {

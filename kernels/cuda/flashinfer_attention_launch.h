@@ -15,11 +15,16 @@ namespace flashinfer_detail {
 
 // One launch: either whole (o = p.out, lse2 = log2 LSE or nullptr) or split into `num_chunks`
 // KV chunks (o = partials [n_q, num_chunks, n_head, head_dim], lse2 = [n_q, num_chunks, n_head]).
+// grid, block and smem come from the host launch plan (launch_plan.h, flashinfer_plan); the
+// kernel checks them against its own traits before launching.
 struct Launch {
     const FlashAttnParams* p = nullptr;
     float* o = nullptr;
     float* lse2 = nullptr;
     uint32_t num_chunks = 1;
+    uint32_t grid[3] = {1, 1, 1};
+    uint32_t block[3] = {1, 1, 1};
+    size_t smem = 0;
 };
 
 // Tile shape of a launch: CTA_TILE_Q (16 or 128) and NUM_MMA_KV (2 or 4).

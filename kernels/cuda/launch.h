@@ -11,6 +11,13 @@
 
 namespace infoflow::cuda {
 
+// Threads per block of the kernels (their launch plans, launch_plan.h, use the same numbers):
+// grid-stride and per-row kernels, the own attention kernel (keys per tile), attention_scores
+// (columns per block).
+constexpr int kThreads = 256;
+constexpr int kAttnThreads = 128;
+constexpr int kScoreThreads = 128;
+
 // out[i] = bf16(x[i]), round to nearest even.
 struct CastBf16Params {
     const float* x = nullptr;  // [n]
@@ -20,15 +27,31 @@ struct CastBf16Params {
 void launch_cast_bf16(const CastBf16Params& p, void* stream);
 
 // out[r, c] = bf16(x[r * x_stride + c]) for c < cols: strided rows (a KV cache slice) cast into
-// a packed bf16 block, round to nearest even.
+// a packed bf16 block, round to nearest even. The rows are fp32 (x) or, for a 16-bit cache, x16
+// in x_dtype (f16 widened exactly, then rounded; bf16 copied).
 struct CastRowsBf16Params {
-    const float* x = nullptr;  // [rows, x_stride]
-    size_t x_stride = 0;       // floats between rows of x, >= cols
-    uint16_t* out = nullptr;   // [rows, cols]
+    const float* x = nullptr;       // [rows, x_stride] fp32, or nullptr when x16 is given
+    const uint16_t* x16 = nullptr;  // [rows, x_stride] f16 / bf16 bits
+    KvDtype x_dtype = KvDtype::f32;
+    size_t x_stride = 0;      // elements between rows of x, >= cols
+    uint16_t* out = nullptr;  // [rows, cols]
     size_t rows = 0;
     size_t cols = 0;
 };
 void launch_cast_rows_bf16(const CastRowsBf16Params& p, void* stream);
+
+// The KV cache's element conversions (Backend::narrow_kv / widen_kv): dst[i] = src[i] in type t
+// (round to nearest even), and back (exact). t is f16 or bf16.
+struct KvConvertParams {
+    KvDtype t = KvDtype::bf16;
+    size_t n = 0;
+    const float* src = nullptr;       // narrow: [n]
+    uint16_t* dst = nullptr;          // narrow: [n]
+    const uint16_t* src16 = nullptr;  // widen: [n]
+    float* dst32 = nullptr;           // widen: [n]
+};
+void launch_kv_narrow(const KvConvertParams& p, void* stream);
+void launch_kv_widen(const KvConvertParams& p, void* stream);
 
 // out[i] = bf16(random_weight(key, i, scale)) (kernels/random_init.h).
 struct FillRandomParams {
@@ -111,7 +134,8 @@ void launch_lse_merge(const LseMergeParams& p, void* stream);
 // Plain attention under the full visibility rule of AttnParams (positions, groups, GQA,
 // kv_stride): one block per (query, head), online softmax over key tiles. The GPU oracle and
 // fallback. `p` has every pointer on the device, kv_stride and scale resolved, and
-// head_dim <= kMaxHeadDim.
+// head_dim <= kMaxHeadDim. K/V are read in p.kv_dtype (k/v fp32, or k16/v16) and widened to
+// fp32 per element; the scores accumulate in fp32. Grid and block: launch_plan.h.
 constexpr int kMaxHeadDim = 512;
 void launch_attention(const AttnParams& p, void* stream);
 // Column scores (Backend::attention_scores): one thread per column, queries visited in turn,

@@ -38,7 +38,7 @@ const std::vector<const char*>& names_of();
     }
 
 IF_ENUM_NAMES(Config::Job, "answer", "niah", "eval", "bench-ttft", "cache-build", "reform-heads",
-              "sweep")
+              "sweep", "serve")
 IF_ENUM_NAMES(Config::Backend, "cpu", "cuda")
 IF_ENUM_NAMES(Config::DType, "fp32", "bf16", "fp16")
 IF_ENUM_NAMES(Config::Template, "qa", "longbench", "raw")
@@ -55,6 +55,8 @@ IF_ENUM_NAMES(Config::EpicMode, "ratio", "fixed")
 IF_ENUM_NAMES(Config::Comm, "auto", "mpi", "nccl", "self")
 IF_ENUM_NAMES(Config::Exchange, "kv", "exact")
 IF_ENUM_NAMES(Config::Placement, "chunks", "tokens")
+IF_ENUM_NAMES(Config::Balance, "auto", "true", "false")
+IF_ENUM_NAMES(Config::LinkKind, "auto", "shm", "tcp", "ib", "nvlink")
 IF_ENUM_NAMES(Config::RingLayout, "zigzag", "contiguous")
 IF_ENUM_NAMES(Config::RingExchange, "p2p", "allgather")
 IF_ENUM_NAMES(Config::StoreMode, "read", "read-write")
@@ -373,6 +375,30 @@ Field enum_field(const char* key, Sec<S> sec, E S::*mem) {
     return f;
 }
 
+// parallel.balance: a boolean (true = on, false = off) or "auto" (or "true" / "false" as text);
+// written back as "auto", true or false.
+template <class S>
+Field balance_field(const char* key, Sec<S> sec, Config::Balance S::*mem) {
+    Field f{key,
+            [=](Config& c, const Ctx& x) {
+                if (const auto* b = x.node.as_boolean()) {
+                    (c.*sec).*mem = b->get() ? Config::Balance::on : Config::Balance::off;
+                } else if (x.node.as_string()) {
+                    (c.*sec).*mem = get_enum<Config::Balance>(x);
+                } else {
+                    x.expected("a boolean or \"auto\"");
+                }
+            },
+            [=](const Config& c) {
+                const Config::Balance v = (c.*sec).*mem;
+                return v == Config::Balance::automatic ? json("auto")
+                                                       : json(v == Config::Balance::on);
+            }};
+    f.type = "bool or enum";
+    f.choices = "auto|true|false";
+    return f;
+}
+
 template <class S>
 Field int_array_field(const char* key, Sec<S> sec, std::vector<int> S::*mem, int64_t lo,
                       bool unique) {
@@ -499,6 +525,37 @@ Field reform_heads_field(const char* key, Sec<S> sec, std::vector<Config::Reform
     return f;
 }
 
+template <class S>
+Field logit_bias_field(const char* key, Sec<S> sec, std::vector<std::pair<int, double>> S::*mem) {
+    Field f{key,
+            [=](Config& c, const Ctx& x) {
+                std::vector<std::pair<int, double>> out;
+                const auto& a = get_array(x);
+                for (size_t i = 0; i < a.size(); ++i) {
+                    const Ctx item = x.at(a[i], static_cast<int>(i));
+                    const auto* t = a[i].as_array();
+                    if (!t || t->size() != 2) item.fail("expected [token id, bias]");
+                    const int id = static_cast<int>(get_int(item.at((*t)[0], static_cast<int>(i)),
+                                                            0, std::numeric_limits<int>::max()));
+                    const double b =
+                        get_float(item.at((*t)[1], static_cast<int>(i)), -100.0, 100.0);
+                    for (const auto& o : out) {
+                        if (o.first == id)
+                            item.fail("token id " + std::to_string(id) + " is listed twice");
+                    }
+                    out.emplace_back(id, b);
+                }
+                (c.*sec).*mem = std::move(out);
+            },
+            [=](const Config& c) {
+                json j = json::array();
+                for (const auto& [id, b] : (c.*sec).*mem) j.push_back(json::array({id, b}));
+                return j;
+            }};
+    f.type = "[[token id >= 0, bias in [-100, 100]]], no repeated id";
+    return f;
+}
+
 std::string lower(std::string s) {
     for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     return s;
@@ -608,7 +665,13 @@ const std::vector<Field>& fields() {
             int_field("parallel.emulate_ranks", par, &C::ParallelSection::emulate_ranks, 0));
         f.push_back(
             int_field("parallel.virtual_ranks", par, &C::ParallelSection::virtual_ranks, 0));
-        f.push_back(bool_field("parallel.balance", par, &C::ParallelSection::balance));
+        f.push_back(balance_field("parallel.balance", par, &C::ParallelSection::balance));
+        f.push_back(enum_field("parallel.link", par, &C::ParallelSection::link));
+        f.push_back(
+            float_field("parallel.link_alpha_us", par, &C::ParallelSection::link_alpha_us, 0.0));
+        f.push_back(float_field("parallel.link_gbs", par, &C::ParallelSection::link_gbs, 0.0));
+        f.push_back(
+            float_field("parallel.compute_gmacs", par, &C::ParallelSection::compute_gmacs, 0.0));
         f.push_back(enum_field("parallel.placement", par, &C::ParallelSection::placement));
         f.push_back(float_field("parallel.timeout_s", par, &C::ParallelSection::timeout_s, 0.001));
         f.push_back(float_field("parallel.startup_timeout_s", par,
@@ -624,6 +687,8 @@ const std::vector<Field>& fields() {
         f.push_back(
             int_field("decode.seed", dec, &D::seed, 0, std::numeric_limits<int64_t>::max()));
         f.push_back(opt_int_field("decode.top_k", dec, &D::top_k, 1));
+        f.push_back(float_field("decode.top_p", dec, &D::top_p, 1e-6, 1.0));
+        f.push_back(logit_bias_field("decode.logit_bias", dec, &D::logit_bias));
 
         const auto niah = &C::niah;
         using N = C::NiahSection;
@@ -679,6 +744,21 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("store.mode", store, &St::mode));
         f.push_back(enum_field("store.dtype", store, &St::dtype));
         f.push_back(int_field("store.compression", store, &St::compression, 0, 9));
+
+        const auto sv = &C::serve;
+        using Sv = C::ServeSection;
+        f.push_back(string_field("serve.host", sv, &Sv::host, check_non_empty));
+        f.push_back(int_field("serve.port", sv, &Sv::port, 0, 65535));
+        f.push_back(string_field("serve.api_key", sv, &Sv::api_key));
+        f.push_back(string_field("serve.api_key_env", sv, &Sv::api_key_env));
+        f.push_back(bool_field("serve.allow_unauthenticated", sv, &Sv::allow_unauthenticated));
+        f.push_back(int_field("serve.queue_size", sv, &Sv::queue_size, 1));
+        f.push_back(int_field("serve.max_body_bytes", sv, &Sv::max_body_bytes, 1024));
+        f.push_back(int_field("serve.max_tokens", sv, &Sv::max_tokens, 1));
+        f.push_back(float_field("serve.request_timeout_s", sv, &Sv::request_timeout_s, 0.001));
+        f.push_back(float_field("serve.heartbeat_s", sv, &Sv::heartbeat_s, 0.01));
+        f.push_back(int_field("serve.http_threads", sv, &Sv::http_threads, 1, 1024));
+        f.push_back(string_field("serve.model_name", sv, &Sv::model_name));
 
         f.push_back(string_field("output.path", &C::output, &C::OutputSection::path));
         f.push_back(string_field("output.csv", &C::output, &C::OutputSection::csv));
@@ -856,6 +936,14 @@ class Loader {
             fail(where("reform.pool") + ": must be odd (a window centred on the token), got " +
                  std::to_string(cfg_.reform.pool));
         }
+        if (cfg_.job == Config::Job::serve && cfg_.serve.heartbeat_s >= cfg_.parallel.timeout_s) {
+            std::ostringstream os;
+            os << where("serve.heartbeat_s") << ": must be below parallel.timeout_s ("
+               << cfg_.parallel.timeout_s
+               << " s), or idle ranks would trip the watchdog between heartbeats; got "
+               << cfg_.serve.heartbeat_s;
+            fail(os.str());
+        }
         if (cfg_.bench.emulate_timing && cfg_.parallel.emulate_ranks < 1) {
             fail(where("bench.emulate_timing") +
                  ": needs parallel.emulate_ranks >= 1 (the number of virtual ranks)");
@@ -964,6 +1052,8 @@ const char* to_string(Config::EpicMode v) { return enum_name(v); }
 const char* to_string(Config::Comm v) { return enum_name(v); }
 const char* to_string(Config::Exchange v) { return enum_name(v); }
 const char* to_string(Config::Placement v) { return enum_name(v); }
+const char* to_string(Config::Balance v) { return enum_name(v); }
+const char* to_string(Config::LinkKind v) { return enum_name(v); }
 const char* to_string(Config::RingLayout v) { return enum_name(v); }
 const char* to_string(Config::RingExchange v) { return enum_name(v); }
 const char* to_string(Config::StoreMode v) { return enum_name(v); }

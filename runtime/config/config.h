@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace infoflow {
@@ -26,7 +27,7 @@ namespace infoflow {
 struct Config {
     // Enum-valued keys. Their TOML spellings are the `to_string` names below
     // ("bench-ttft", "hl-tp", "auto", ...).
-    enum class Job { answer, niah, eval, bench_ttft, cache_build, reform_heads, sweep };
+    enum class Job { answer, niah, eval, bench_ttft, cache_build, reform_heads, sweep, serve };
     enum class Backend { cpu, cuda };
     enum class DType { fp32, bf16, fp16 };
     enum class Template { qa, longbench, raw };  // instruction template (request.template)
@@ -41,7 +42,9 @@ struct Config {
     enum class EpicMode { ratio, fixed };
     enum class Comm { automatic, mpi, nccl, self };  // "auto"
     enum class Exchange { kv, exact };
-    enum class Placement { chunks, tokens };  // parallel.placement
+    enum class Placement { chunks, tokens };    // parallel.placement
+    enum class Balance { automatic, on, off };  // parallel.balance: "auto" | true | false
+    enum class LinkKind { automatic, shm, tcp, ib, nvlink };  // parallel.link ("auto")
     enum class RingLayout { zigzag, contiguous };
     enum class RingExchange { p2p, allgather };
     enum class StoreMode { read, read_write };
@@ -140,7 +143,13 @@ struct Config {
         // job sweep: > 1 runs a point's method on this many virtual ranks in one process (the
         // sequence-parallel code over an in-process communicator); 0/1 = one rank.
         int virtual_ranks = 0;
-        bool balance = true;  // "kv": helpers run part of the busiest ranks' recompute
+        // "kv": helpers run part of the busiest ranks' recompute; "auto" when the plan's cost
+        // model (compute_gmacs, the link's alpha-beta) says it is faster with the extra bytes.
+        Balance balance = Balance::automatic;
+        LinkKind link = LinkKind::automatic;  // the link the cost model assumes ("auto": detected)
+        double link_alpha_us = 0.0;           // > 0: overrides the link's latency
+        double link_gbs = 0.0;                // > 0: overrides the link's bandwidth (GB/s)
+        double compute_gmacs = 0.0;           // > 0: overrides the backend's nominal rate
         Placement placement = Placement::chunks;  // "tokens": chunks cut at even shard edges
         double timeout_s = 600.0;                 // a peer that does not arrive ends the job (§11)
         double startup_timeout_s = 300.0;         // the same until the start-up checks are done
@@ -154,6 +163,10 @@ struct Config {
         double temperature = 0.0;  // >= 0; 0 = greedy
         uint64_t seed = 0;
         std::optional<int> top_k;  // > 0; unset = whole vocabulary
+        double top_p = 1.0;        // nucleus sampling: smallest set of mass >= top_p, in (0, 1]
+        // Added to the logits of these token ids before sampling ([id, bias], bias in
+        // [-100, 100]; OpenAI's logit_bias).
+        std::vector<std::pair<int, double>> logit_bias;
     };
     struct NiahSection {
         std::vector<int> lengths = {4096, 8192};                   // context tokens, each > 0
@@ -215,6 +228,23 @@ struct Config {
         StoreDType dtype = StoreDType::f16;
         int compression = 0;  // 0 = none, 1..9 = shuffle + deflate level
     };
+    // Job `serve` (docs/serve.md): the OpenAI-compatible HTTP server on rank 0.
+    struct ServeSection {
+        std::string host = "127.0.0.1";  // address rank 0 listens on (loopback by default)
+        int port = 8080;                 // 0 = any free port (printed at start-up)
+        std::string api_key;             // Bearer key the clients must send; "" = none
+        // Environment variable that holds the key when api_key is empty; "" = none.
+        std::string api_key_env = "INFOFLOW_API_KEY";
+        // Serve a non-loopback address without a key (never the default).
+        bool allow_unauthenticated = false;
+        int queue_size = 16;             // requests waiting behind the running one (429 beyond)
+        int max_body_bytes = 8 << 20;    // request body limit (413 beyond)
+        int max_tokens = 1024;           // cap on a request's max_tokens (400 beyond)
+        double request_timeout_s = 300;  // arrival to last token (504 beyond)
+        double heartbeat_s = 1.0;        // idle ranks are checked this often (< parallel.timeout_s)
+        int http_threads = 32;           // connections handled at once
+        std::string model_name;          // model id of the API; "" = the model file's name
+    };
     struct OutputSection {
         std::string path;  // results JSON (also --out)
         std::string csv;   // table rows as CSV
@@ -244,6 +274,7 @@ struct Config {
     BenchSection bench;
     SweepSection sweep;
     StoreSection store;
+    ServeSection serve;
     OutputSection output;
 
     // Effective config, every key, as {"job": ..., "model": {...}, ...}; unset optionals are
@@ -278,6 +309,8 @@ const char* to_string(Config::EpicMode v);
 const char* to_string(Config::Comm v);
 const char* to_string(Config::Exchange v);
 const char* to_string(Config::Placement v);
+const char* to_string(Config::Balance v);
+const char* to_string(Config::LinkKind v);
 const char* to_string(Config::RingLayout v);
 const char* to_string(Config::RingExchange v);
 const char* to_string(Config::StoreMode v);
@@ -339,6 +372,14 @@ struct RequestText {
     std::string system;
     std::vector<std::string> documents;
     std::string question;
+    // Earlier turns of a conversation (role "system" | "user" | "assistant", content), before
+    // the question's user turn; they go into chunk 0 (job serve's chat requests). When set,
+    // `system` must be empty (a system turn is the first of them).
+    struct Turn {
+        std::string role;
+        std::string content;
+    };
+    std::vector<Turn> history = {};
 };
 RequestText load_request_text(const Config::RequestSection& req);
 std::vector<std::string> read_documents_file(const std::string& path);

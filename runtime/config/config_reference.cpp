@@ -34,6 +34,7 @@ const std::map<std::string, std::string>& section_titles() {
         {"bench", "[bench] (job `bench-ttft`)"},
         {"sweep", "[sweep] (job `sweep`, docs/quality.md)"},
         {"store", "[store] (document KV store, docs/store.md)"},
+        {"serve", "[serve] (job `serve`, the OpenAI-compatible server, docs/serve.md)"},
         {"output", "[output]"},
     };
     return t;
@@ -47,7 +48,9 @@ const std::map<std::string, std::string>& descriptions() {
          "LongBench-format QA evaluation (`eval`), the TTFT table (`bench-ttft`), or prefill "
          "documents once into the KV store (`cache-build`, needs `store.path`), rank the "
          "retrieval heads of REFORM on synthetic tasks (`reform-heads`), or run a quality "
-         "sweep over config points on generated cases (`sweep`, docs/quality.md)"},
+         "sweep over config points on generated cases (`sweep`, docs/quality.md), or serve the "
+         "OpenAI HTTP API on rank 0 with the model loaded once on every rank (`serve`, "
+         "docs/serve.md)"},
         {"model.path",
          "GGUF file, Hugging Face directory, or `random:<shape>[:seed]` (seeded random weights: "
          "`tiny`, `tiny-qwen2`, `tiny-qwen3`, `smollm2-135m`, `llama-3.1-8b`, `qwen3-14b`)"},
@@ -61,15 +64,17 @@ const std::map<std::string, std::string>& descriptions() {
         {"model.kv_dtype",
          "storage type of the KV cache: `f32` (the exact reference), `f16` or `bf16` (half the "
          "memory and half the K/V bytes exchanged between ranks; attention widens to fp32 and "
-         "accumulates in fp32; CPU backend only, the cuda backend says not implemented yet)"},
+         "accumulates in fp32; on the cuda backend FlashInfer reads a bf16 cache in place, f32 "
+         "and f16 rows are cast to bf16 for it)"},
         {"model.weights",
          "CPU backend: `native` keeps every matrix in the file's stored type (GGUF "
          "Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K/F16/BF16, safetensors F16/BF16; F32 matrices stay fp32; "
          "Q4_0/Q4_1/Q8_0 rows block-interleaved in "
-         "groups of 4, the same bytes; decode and small batches use fused dot products with "
-         "activations quantized to 8 bits per 32-value block, the LM head with fp32 "
-         "activations, prefill dequantizes one weight tile at a time for an fp32 GEMM; all of it "
-         "in "
+         "groups of 4, the same bytes; every pass but decode (prefill, scoring, recompute, "
+         "suffix) multiplies fp32 activations by the weights dequantized to fp32 in one fixed "
+         "order of operations, so a token's result does not depend on how many rows share its "
+         "call (docs/design.md §6); decode steps use fused dot products with activations "
+         "quantized to 8 bits per 32-value block, the LM head with fp32 activations; all of it in "
          "one mapping on transparent huge pages where the kernel allows); `f32` "
          "dequantizes the whole model to fp32 at load (the reference). The `cuda` backend always "
          "loads `f32` (bf16 on the device)"},
@@ -165,11 +170,13 @@ const std::map<std::string, std::string>& descriptions() {
         {"reform.task_tokens", "`reform-heads`: context tokens of each synthetic task"},
         {"reform.top", "`reform-heads`: heads written to the config snippet"},
         {"parallel.comm",
-         "communicator; `auto` = NCCL with the cuda backend (when built), else MPI when started "
-         "by a launcher, else one rank; `nccl` = device collectives over NCCL (MPI bootstraps it "
-         "and carries host buffers)"},
+         "communicator; `auto` = NCCL with the cuda backend on more than one rank (when built), "
+         "else MPI when started by a launcher, else one rank; `nccl` = device collectives over "
+         "NCCL (MPI bootstraps it and carries host buffers; asked for by name it runs on one rank "
+         "too)"},
         {"parallel.startup_timeout_s",
-         "the same deadline until the start-up checks (config and model identity) are done"},
+         "the same deadline until the start-up checks (config and model identity) are done, "
+         "NCCL's initialization included"},
         {"parallel.timeout_s",
          "deadline in seconds of every blocking collective or wait; a peer that does not arrive "
          "ends the job naming the rank and phase"},
@@ -185,7 +192,25 @@ const std::map<std::string, std::string>& descriptions() {
          "of the busiest ranks' selected tokens (projections, MLP, attention over chunk 0 and "
          "the other shards' selected tokens) while their owner adds the attention over its "
          "shard, merged by LSE; the result is the same `kv` semantics; costs the moved "
-         "queries and partial states in bytes; `false` = every token on its owner"},
+         "queries and partial states in bytes. `auto`: the plan's cost model (compute at "
+         "`parallel.compute_gmacs`, each message alpha + bytes / beta on `parallel.link`) moves "
+         "tokens only as far as the modelled recompute time, bytes included, falls; `true`: "
+         "balance the compute alone; `false`: every token on its owner (docs/design.md §5.2)"},
+        {"parallel.link",
+         "the link the balance model assumes: `auto` = detected (one node: `shm` over MPI, "
+         "`nvlink` over NCCL; several nodes: `ib` when every node has an active InfiniBand "
+         "port, else `tcp`; NCCL across nodes `ib`); or named: `shm` (1 us, 8 GB/s), `tcp` "
+         "(30 us, 1.2 GB/s), `ib` (3 us, 12 GB/s), `nvlink` (10 us, 370 GB/s)"},
+        {"parallel.link_alpha_us",
+         "latency of one message on the link in microseconds for the balance model; `0` = the "
+         "link's figure"},
+        {"parallel.link_gbs",
+         "bandwidth of the link in GB/s (one direction) for the balance model; `0` = the "
+         "link's figure"},
+        {"parallel.compute_gmacs",
+         "compute rate of one rank in billions of multiply-adds per second for the balance "
+         "model; `0` = the backend's nominal rate (CPU: 30 per thread with AVX-512, 15 with "
+         "AVX2; CUDA: 150000)"},
         {"parallel.placement",
          "how context chunks are dealt to the P shards: `chunks` = whole chunks, the largest "
          "shard as small as whole chunks allow; `tokens` = shard edges at even token counts, a "
@@ -205,6 +230,13 @@ const std::map<std::string, std::string>& descriptions() {
         {"decode.temperature", "`0` = greedy"},
         {"decode.seed", "sampling seed"},
         {"decode.top_k", "sample among the top k logits; unset = the whole vocabulary"},
+        {"decode.logit_bias",
+         "`[[token id, bias], ...]`: added to those tokens' logits before sampling, greedy "
+         "included (OpenAI's `logit_bias`; -100 all but bans a token); the reported first-token "
+         "logits are the model's, without it"},
+        {"decode.top_p",
+         "nucleus sampling: sample among the most likely tokens whose probabilities add up to at "
+         "least this (after `decode.top_k`); `1` = no cut"},
         {"niah.lengths", "context lengths in tokens"},
         {"niah.depths", "needle depth as a fraction of the context (0 = start, 1 = end)"},
         {"niah.methods", "methods to compare, as in `method.name`"},
@@ -277,6 +309,34 @@ const std::map<std::string, std::string>& descriptions() {
          "after the answer"},
         {"store.dtype", "how K/V are stored; must match an existing store"},
         {"store.compression", "0 = none; 1-9 = shuffle + deflate at that level"},
+        {"serve.host",
+         "address rank 0 listens on; `127.0.0.1` (loopback) by default; any other address needs "
+         "an API key (`serve.api_key` or `serve.api_key_env`) or `serve.allow_unauthenticated`"},
+        {"serve.port", "TCP port; `0` = any free port (printed at start-up)"},
+        {"serve.api_key",
+         "key clients must send as `Authorization: Bearer KEY` (401 otherwise, compared in "
+         "constant time); empty = read it from `serve.api_key_env`"},
+        {"serve.api_key_env",
+         "environment variable holding the key when `serve.api_key` is empty (keeps the key out "
+         "of config files); unset or empty variable = no key"},
+        {"serve.allow_unauthenticated",
+         "serve a non-loopback address without a key; never the default"},
+        {"serve.queue_size",
+         "requests waiting behind the running one; a request beyond it gets 429 with "
+         "`Retry-After`"},
+        {"serve.max_body_bytes", "largest request body in bytes (413 beyond)"},
+        {"serve.max_tokens",
+         "largest `max_tokens` / `max_completion_tokens` a request may ask for (400 beyond); "
+         "also the default when a request names none"},
+        {"serve.request_timeout_s",
+         "deadline from a request's arrival to its last token (504 beyond; checked when it leaves "
+         "the queue and at every generated token)"},
+        {"serve.heartbeat_s",
+         "while no request runs, rank 0 checks every other rank this often (a collective "
+         "under the watchdog); must be below `parallel.timeout_s`"},
+        {"serve.http_threads", "HTTP connections handled at once (waiting requests hold one each)"},
+        {"serve.model_name",
+         "model id in `/v1/models` and in responses; empty = the model file's name"},
         {"output.path", "results JSON (`--out` overrides it)"},
         {"output.csv", "table rows as CSV (`niah`, `bench-ttft`, `eval`)"},
         {"output.name",

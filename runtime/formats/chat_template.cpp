@@ -195,6 +195,10 @@ std::vector<int32_t> ChatTemplate::prefix(const std::string& system) const {
     return to_ids(parts(msgs, true, false));
 }
 
+std::vector<int32_t> ChatTemplate::prefix(const std::vector<ChatMessage>& history) const {
+    return to_ids(parts(history, true, false));
+}
+
 std::vector<int32_t> ChatTemplate::text(const std::string& s) const {
     return tok_->encode(s, false);
 }

@@ -1,6 +1,6 @@
-// Chat prompts as token segments (docs/formats.md §7.5, §8.2; docs/design.md §2): ChatML (SmolLM2 with its
-// default system prompt, Qwen), Llama-3 (3.1's dated system preamble when the template has it)
-// and raw. Control tokens are inserted as ids; message text is tokenized without special
+// Chat prompts as token segments (docs/formats.md §7.5, §8.2; docs/design.md §2): ChatML (SmolLM2
+// with its default system prompt, Qwen), Llama-3 (3.1's dated system preamble when the template has
+// it) and raw. Control tokens are inserted as ids; message text is tokenized without special
 // parsing, so "<|im_end|>" typed by a user stays plain text. Not a Jinja engine: the format is
 // detected from the tokenizer's chat_template / pre-tokenizer, or named explicitly.
 //
@@ -39,6 +39,11 @@ class ChatTemplate {
     // Everything before the first user content: BOS when the model wants one, the system turn
     // (`system`, or default_system() when empty), and the user-turn opener.
     std::vector<int32_t> prefix(const std::string& system = "") const;
+    // The same after earlier turns of a conversation (`history`: an optional first system
+    // turn, then user / assistant turns): BOS, the system turn (or the default one), every
+    // turn of `history`, and the opener of the next user turn. prefix(s) == prefix({{system,
+    // s}}) for a non-empty s, and prefix("") == prefix({}).
+    std::vector<int32_t> prefix(const std::vector<ChatMessage>& history) const;
     // Plain text inside a turn, never parsing special tokens.
     std::vector<int32_t> text(const std::string& s) const;
     // Closes the user turn and opens the assistant turn ("<|im_end|>\n<|im_start|>assistant\n").

@@ -23,6 +23,42 @@ std::string lower(std::string s) {
 
 }  // namespace
 
+nlohmann::json recompute_plan_json(const MethodResult& r) {
+    const RecomputePlanReport& p = r.recompute_plan;
+    if (!p.planned) return nullptr;
+    // Measured: the recompute phase, the slowest rank's time and the busiest rank's bytes.
+    double ms = 0.0, bytes = 0.0;
+    for (size_t i = 0; i < r.phases.size(); ++i) {
+        if (r.phases[i].name != "recompute") continue;
+        const auto& per = i < r.phases_per_rank.size() ? r.phases_per_rank[i]
+                                                       : std::vector<PhaseTime>{r.phases[i]};
+        for (const PhaseTime& t : per) {
+            ms = std::max(ms, t.ms);
+            bytes = std::max(bytes, double(t.bytes_sent + t.bytes_recv));
+        }
+    }
+    auto busiest = [](const std::vector<double>& a, const std::vector<double>& b) {
+        double m = 0.0;
+        for (size_t q = 0; q < a.size(); ++q) m = std::max(m, a[q] + b[q]);
+        return m;
+    };
+    return {{"mode", p.mode},
+            {"balanced", r.recompute_moved > 0},
+            {"moved", r.recompute_moved},
+            {"link", {{"kind", p.link}, {"alpha_us", p.alpha_us}, {"beta_gbs", p.beta_gbs}}},
+            {"compute_gmacs", p.gmacs},
+            {"model_ms", p.model_ms},
+            {"owned_model_ms", p.owned_model_ms},
+            {"measured_ms", ms},
+            {"bytes_sent", p.sent},
+            {"bytes_recv", p.recv},
+            {"owned_bytes_sent", p.owned_sent},
+            {"owned_bytes_recv", p.owned_recv},
+            {"max_bytes", busiest(p.sent, p.recv)},
+            {"owned_max_bytes", busiest(p.owned_sent, p.owned_recv)},
+            {"measured_max_bytes", bytes}};
+}
+
 bool answer_matches(const std::string& answer, const std::string& reference) {
     return !reference.empty() && lower(answer).find(lower(reference)) != std::string::npos;
 }
@@ -56,6 +92,7 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
     j["ttft_ms"] = r.ttft_ms;
     j["peak_rss_mib"] = r.peak_rss_mib;
     j["shard_tokens"] = r.shard_tokens;
+    j["recompute_plan"] = recompute_plan_json(r);
     j["store"] = {{"path", cfg.store.path},
                   {"tokens", r.store_tokens},
                   {"chunks", r.store_chunks},
@@ -88,9 +125,8 @@ nlohmann::json method_result_json(const MethodResult& r, const Session& s, const
     return j;
 }
 
-nlohmann::json run_answer(const Config& cfg, Session& s) {
-    const RequestText text = load_request_text(cfg.request);
-    const PreparedRequest req = prepare_request(s.tok(), s.chat_template(), text, cfg);
+MethodResult answer_request(const Config& cfg, Session& s, const PreparedRequest& req,
+                            const RunHooks& hooks) {
     const Config::Method m = cfg.method.name;
     const bool selects = m == Config::Method::infoflow || m == Config::Method::cacheblend;
     const int T = req.context_tokens();
@@ -99,7 +135,13 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
     progress::note(std::string("method ") + to_string(m) + ": " + std::to_string(T) +
                    " context tokens in " + std::to_string(req.n_chunks()) + " chunks, " +
                    std::to_string(req.suffix.size()) + " suffix tokens");
-    const MethodResult r = run_request(*s.model, req, cfg, *s.comm, s.tok().stop_ids());
+    return run_request(*s.model, req, cfg, *s.comm, s.tok().stop_ids(), hooks);
+}
+
+nlohmann::json run_answer(const Config& cfg, Session& s) {
+    const RequestText text = load_request_text(cfg.request);
+    const PreparedRequest req = prepare_request(s.tok(), s.chat_template(), text, cfg);
+    const MethodResult r = answer_request(cfg, s, req);
     if (s.comm->rank() != 0) return nlohmann::json();
     const std::string answer = s.tok().decode(r.answer);
 
@@ -129,6 +171,18 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
         std::printf(
             "recomputed : %zu tokens (%.1f%% of the context)\n", r.selected_positions.size(),
             r.context_tokens ? 100.0 * r.selected_positions.size() / r.context_tokens : 0.0);
+    }
+    if (r.recompute_plan.planned) {
+        const nlohmann::json p = recompute_plan_json(r);
+        std::printf(
+            "balance    : %s (%s): %d tokens moved; modelled %.1f ms, %.2f MB on the busiest "
+            "rank (all on their owners: %.1f ms, %.2f MB); link %s (%.0f us, %.1f GB/s), "
+            "%.0f GMAC/s per rank\n",
+            r.recompute_plan.mode.c_str(), r.recompute_moved > 0 ? "balanced" : "unbalanced",
+            r.recompute_moved, r.recompute_plan.model_ms, p["max_bytes"].get<double>() / 1e6,
+            r.recompute_plan.owned_model_ms, p["owned_max_bytes"].get<double>() / 1e6,
+            r.recompute_plan.link.c_str(), r.recompute_plan.alpha_us, r.recompute_plan.beta_gbs,
+            r.recompute_plan.gmacs);
     }
     if (!cfg.store.path.empty()) {
         std::printf(

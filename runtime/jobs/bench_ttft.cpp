@@ -164,6 +164,7 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             std::vector<std::vector<double>> rec_busy;
             double model_planned = 0.0, model_owned = 0.0;
             int rec_moved = 0;
+            json plan = nullptr;  // the last run's plan, modelled and measured
             // Distributed runs: each phase's time and time waited in collectives, per rank (the
             // straggler of one phase shows up as the others' wait at the next collective).
             std::map<std::string, std::vector<std::vector<double>>> rank_ms, rank_wait;
@@ -251,6 +252,7 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
                 model_planned = max_over_mean(r.recompute_load);
                 model_owned = max_over_mean(r.recompute_load_owned);
                 rec_moved = r.recompute_moved;
+                plan = recompute_plan_json(r);
             }
             const double med = median(ttft);
             const double lo = ttft.empty() ? 0.0 : *std::min_element(ttft.begin(), ttft.end());
@@ -281,6 +283,7 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
             json phases = json::object();
             for (const auto& name : phase_order) phases[name] = median(phase_ms[name]);
             row["phases_ms"] = phases;
+            if (!plan.is_null()) row["recompute_plan"] = plan;
             if (!rank_ms.empty()) {
                 json per_rank = json::array();  // in phase order
                 for (const auto& name : phase_order) {

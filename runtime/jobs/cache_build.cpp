@@ -1,5 +1,5 @@
-// job = "cache-build" (docs/design.md §8): prefills every document once (§3.1: [sink] + document, the
-// sink's K/V dropped, keys post-RoPE at local positions) and writes it into the KV store at
+// job = "cache-build" (docs/design.md §8): prefills every document once (§3.1: [sink] + document,
+// the sink's K/V dropped, keys post-RoPE at local positions) and writes it into the KV store at
 // store.path. Documents come from request.documents, request.documents_file (.jsonl / .txt) or
 // a folder (request.documents_file = "DIR/"); they are cut into chunks exactly as a query
 // would cut them (request.template's separators, chunking.mode), so a query over the same
@@ -21,6 +21,48 @@
 #include "runtime/store/kv_store.h"
 
 namespace infoflow {
+
+StoreBuild build_store_chunks(Session& s, const Config& cfg, const PreparedRequest& req,
+                              KvStore& store, const std::function<void(const double*)>& on_round) {
+    Communicator& comm = *s.comm;
+    const int P = comm.size();
+    const int rank = comm.rank();
+    const int K = req.n_chunks() - 1;
+    const std::string chunking = chunking_label(cfg);
+    StoreBuild out;
+    std::vector<int32_t> status(size_t(req.n_chunks()), 0);
+    // Per rank: [chunks done, tokens prefilled, chunks added, chunks already present].
+    double mine[4] = {0, 0, 0, 0};
+    const int rounds = (K + P - 1) / P;
+    for (int round = 0; round < rounds; ++round) {
+        const int ci = 1 + round * P + rank;
+        if (ci <= K) {
+            const std::vector<int32_t>& tokens = req.chunks[ci];
+            const std::string key = document_key(tokens, req.sink_id, chunking);
+            if (store.contains(key)) {
+                mine[3] += 1;
+                status[size_t(ci)] = 1;
+            } else {
+                const ChunkKv kv = prefill_chunk(*s.model, tokens, req.sink_id);
+                const StoredChunk host = to_stored(*s.model, kv, req.sink_id, key, chunking);
+                const int added = store.add({&host});
+                mine[2] += added;
+                status[size_t(ci)] = added ? 2 : 1;  // 1: another writer committed it first
+                mine[1] += double(tokens.size());
+            }
+            mine[0] += 1;
+        }
+        double all[4] = {mine[0], mine[1], mine[2], mine[3]};
+        comm.all_reduce(all, 4, DType::f64, ReduceOp::sum);
+        if (on_round) on_round(all);
+    }
+    double all[4] = {mine[0], mine[1], mine[2], mine[3]};
+    comm.all_reduce(all, 4, DType::f64, ReduceOp::sum);
+    comm.all_reduce(status.data(), status.size(), DType::i32, ReduceOp::max);
+    out.status.assign(status.begin(), status.end());
+    for (int i = 0; i < 4; ++i) out.totals[i] = all[i];
+    return out;
+}
 
 nlohmann::json run_cache_build(const Config& cfg, Session& s) {
     Communicator& comm = *s.comm;
@@ -49,36 +91,15 @@ nlohmann::json run_cache_build(const Config& cfg, Session& s) {
         std::fflush(stdout);
     }
 
-    // Per rank: [chunks done, tokens prefilled, chunks added, chunks already present].
-    double mine[4] = {0, 0, 0, 0};
-    const int rounds = (K + P - 1) / P;
-    for (int round = 0; round < rounds; ++round) {
-        const int ci = 1 + round * P + rank;
-        if (ci <= K) {
-            const std::vector<int32_t>& tokens = req.chunks[ci];
-            const std::string key = document_key(tokens, req.sink_id, chunking);
-            if (store->contains(key)) {
-                mine[3] += 1;
-            } else {
-                const ChunkKv kv = prefill_chunk(*s.model, tokens, req.sink_id);
-                const StoredChunk host = to_stored(*s.model, kv, req.sink_id, key, chunking);
-                mine[2] += store->add({&host});
-                mine[1] += double(tokens.size());
-            }
-            mine[0] += 1;
-        }
-        double all[4] = {mine[0], mine[1], mine[2], mine[3]};
-        comm.all_reduce(all, 4, DType::f64, ReduceOp::sum);
-        if (root) {
-            const double sec =
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            std::printf("  [%d/%d documents] %.0f tokens prefilled, %.1f tokens/s\n", int(all[0]),
-                        K, all[1], sec > 0 ? all[1] / sec : 0.0);
-            std::fflush(stdout);
-        }
-    }
-    double all[4] = {mine[0], mine[1], mine[2], mine[3]};
-    comm.all_reduce(all, 4, DType::f64, ReduceOp::sum);
+    const StoreBuild built = build_store_chunks(s, cfg, req, *store, [&](const double* all) {
+        if (!root) return;
+        const double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("  [%d/%d documents] %.0f tokens prefilled, %.1f tokens/s\n", int(all[0]), K,
+                    all[1], sec > 0 ? all[1] / sec : 0.0);
+        std::fflush(stdout);
+    });
+    const double* all = built.totals;
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!root) return nlohmann::json();
 

@@ -15,14 +15,7 @@
 
 namespace infoflow {
 
-nlohmann::json run_job(const Config& cfg, Communicator& comm) {
-    const std::string start_time = utc_now_iso8601();
-    // INFOFLOW_PROGRESS=0 silences the progress lines (standard error, rank 0).
-    const char* quiet = std::getenv("INFOFLOW_PROGRESS");
-    progress::set_enabled(comm.rank() == 0 && !(quiet && std::strcmp(quiet, "0") == 0));
-    progress::set_phase_lines(true);
-    progress::note("job " + std::string(to_string(cfg.job)) + " on " + std::to_string(comm.size()) +
-                   " rank" + (comm.size() > 1 ? "s" : ""));
+std::unique_ptr<Session> open_job_session(const Config& cfg, Communicator& comm) {
     progress::note("load " + cfg.model.path + " ...");
     std::unique_ptr<Session> s = open_session(cfg, comm.local_rank());
     progress::phase_end("load", s->load_ms);
@@ -43,7 +36,22 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     s->placement = gather_placement(comm, *s->backend);
     for (const RankPlacement& p : s->placement) s->devices.push_back(p.device);
     progress::note("placement: " + placement_summary(s->placement));
+    return s;
+}
+
+nlohmann::json run_job(const Config& cfg, Communicator& comm) {
+    const std::string start_time = utc_now_iso8601();
+    // INFOFLOW_PROGRESS=0 silences the progress lines (standard error, rank 0).
+    const char* quiet = std::getenv("INFOFLOW_PROGRESS");
+    progress::set_enabled(comm.rank() == 0 && !(quiet && std::strcmp(quiet, "0") == 0));
+    progress::set_phase_lines(true);
+    progress::note("job " + std::string(to_string(cfg.job)) + " on " + std::to_string(comm.size()) +
+                   " rank" + (comm.size() > 1 ? "s" : ""));
     nlohmann::json result;
+    std::unique_ptr<Session> s;
+    // The server listens before it loads the model (its /health answers 503 meanwhile), so it
+    // opens the session itself.
+    if (cfg.job != Config::Job::serve) s = open_job_session(cfg, comm);
     switch (cfg.job) {
         case Config::Job::answer:
             result = run_answer(cfg, *s);
@@ -66,6 +74,9 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
         case Config::Job::sweep:
             result = run_sweep(cfg, *s);
             break;
+        case Config::Job::serve:
+            result = run_serve(cfg, comm);
+            break;
         default:
             // check_implemented rejects planned jobs at start-up; this is the backstop.
             IF_FAIL("job = \"" << to_string(cfg.job) << "\" is not implemented yet");
@@ -73,7 +84,7 @@ nlohmann::json run_job(const Config& cfg, Communicator& comm) {
     if (comm.rank() == 0 && result.is_object()) {
         add_provenance(result, cfg, comm.size(), start_time);
     }
-    if (comm.rank() == 0 && result.is_object()) {
+    if (comm.rank() == 0 && result.is_object() && s) {
         result["devices"] = s->devices;                      // by rank
         result["placement"] = placement_json(s->placement);  // by rank
     }

@@ -79,24 +79,25 @@ class LayerPlacer {
         if (rotated_.bytes() < elems * sizeof(float)) rotated_ = be.alloc_floats(elems);
         if (wide) {
             be.copy(rotated_.data(), static_cast<const float*>(k), elems * sizeof(float));
-        } else {  // 16-bit KV lives on the CPU backend: host memory
-            kv_widen(cache.dtype(), k, elems, rotated_.data());
+        } else {
+            be.widen_kv(cache.dtype(), k, elems, rotated_.data());
         }
         model.rerotate_keys(rotated_.data(), n, delta_.data());
         if (wide) {
             cache.write_range(l, first, n, rotated_.data(), static_cast<const float*>(v));
         } else {
-            narrow_k_.resize(elems);
-            kv_narrow(cache.dtype(), rotated_.data(), elems, narrow_k_.data());
+            const size_t bytes = elems * kv_dtype_size(cache.dtype());
+            if (narrow_k_.bytes() < bytes) narrow_k_ = be.alloc(bytes);
+            be.narrow_kv(cache.dtype(), rotated_.data(), elems, narrow_k_.data());
             cache.write_range_raw(l, first, n, narrow_k_.data(), v);
         }
     }
 
   private:
-    std::vector<int32_t> delta_;      // [n] target - local position of the chunk's keys
-    bool rotate_ = false;             // any delta != 0
-    Buffer rotated_;                  // [n, row] the keys at their target positions
-    std::vector<uint16_t> narrow_k_;  // the same rounded back to a 16-bit KV type
+    std::vector<int32_t> delta_;  // [n] target - local position of the chunk's keys
+    bool rotate_ = false;         // any delta != 0
+    Buffer rotated_;              // [n, row] the keys at their target positions
+    Buffer narrow_k_;             // [n, row] the same rounded back to a 16-bit KV type
 };
 
 }  // namespace

@@ -63,9 +63,12 @@ StoredChunk to_stored(Model& model, const ChunkKv& c, int32_t sink_id, const std
         if (c.dtype == KvDtype::f32) {
             be.download(s.k[l].data(), c.k[l].data(), count * sizeof(float));
             be.download(s.v[l].data(), c.v[l].data(), count * sizeof(float));
-        } else {  // 16-bit KV lives on the CPU backend: host memory
-            kv_widen(c.dtype, c.k[l].data(), count, s.k[l].data());
-            kv_widen(c.dtype, c.v[l].data(), count, s.v[l].data());
+        } else {  // the 16-bit rows to the host, widened there
+            std::vector<uint16_t> h(count);
+            be.download(h.data(), c.k[l].data(), count * sizeof(uint16_t));
+            kv_widen(c.dtype, h.data(), count, s.k[l].data());
+            be.download(h.data(), c.v[l].data(), count * sizeof(uint16_t));
+            kv_widen(c.dtype, h.data(), count, s.v[l].data());
         }
     }
     return s;
@@ -84,9 +87,12 @@ ChunkKv from_stored(Model& model, const StoredChunk& s) {
         if (c.dtype == KvDtype::f32) {
             be.upload(c.k[l].data(), s.k[l].data(), s.k[l].size() * sizeof(float));
             be.upload(c.v[l].data(), s.v[l].data(), s.v[l].size() * sizeof(float));
-        } else {
-            kv_narrow(c.dtype, s.k[l].data(), s.k[l].size(), c.k[l].data());
-            kv_narrow(c.dtype, s.v[l].data(), s.v[l].size(), c.v[l].data());
+        } else {  // narrowed on the host, the 16-bit rows uploaded
+            std::vector<uint16_t> h(std::max(s.k[l].size(), s.v[l].size()));
+            kv_narrow(c.dtype, s.k[l].data(), s.k[l].size(), h.data());
+            be.upload(c.k[l].data(), h.data(), s.k[l].size() * sizeof(uint16_t));
+            kv_narrow(c.dtype, s.v[l].data(), s.v[l].size(), h.data());
+            be.upload(c.v[l].data(), h.data(), s.v[l].size() * sizeof(uint16_t));
         }
     }
     return c;
@@ -116,6 +122,7 @@ void ChunkSource::load(const std::vector<int>& which) {
         loaded_ids_.push_back(ci);
         loaded_.push_back(from_stored(model_, s));
         use_.chunks_loaded += 1;
+        use_.loaded_chunks.push_back(ci);
         use_.tokens_loaded += s.size();
         use_.bytes_loaded += store_->document_bytes(key);
     }

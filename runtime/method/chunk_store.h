@@ -27,7 +27,8 @@ struct StoreUse {
     uint64_t bytes_loaded = 0;  // document files read
     int chunks_prefilled = 0;
     int tokens_prefilled = 0;
-    int chunks_added = 0;  // written back (read-write)
+    int chunks_added = 0;            // written back (read-write)
+    std::vector<int> loaded_chunks;  // indices of the loaded chunks, in load order
     double load_ms = 0.0;
     double write_ms = 0.0;
 };

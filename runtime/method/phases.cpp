@@ -78,6 +78,7 @@ void save_to_store(ChunkSource& source, const std::vector<ChunkKv>& chunks, Meth
     r.store_tokens = source.use().tokens_loaded;
     r.store_bytes = source.use().bytes_loaded;
     r.store_added = source.use().chunks_added;
+    r.store_loaded_chunks = source.use().loaded_chunks;
 }
 
 std::vector<int> identity_order(int n) {
@@ -133,6 +134,7 @@ void decode_answer(Model& model, KvCache& cache, const GenerateOptions& gen, Met
         generate(model, cache, r.first_logits, r.context_tokens + r.suffix_tokens, gen);
     r.answer = g.tokens;
     r.stopped = g.stopped;
+    r.cancelled = g.cancelled;
 }
 
 GenerateOptions generate_options(const Config& cfg, const std::vector<int32_t>& stop_ids) {
@@ -142,6 +144,9 @@ GenerateOptions generate_options(const Config& cfg, const std::vector<int32_t>& 
     g.sampling.temperature = float(cfg.decode.temperature);
     g.sampling.seed = cfg.decode.seed;
     g.sampling.top_k = cfg.decode.top_k ? *cfg.decode.top_k : 0;
+    g.sampling.top_p = cfg.decode.top_p;
+    for (const auto& [id, b] : cfg.decode.logit_bias)
+        g.sampling.logit_bias.emplace_back(id, float(b));
     return g;
 }
 

@@ -61,7 +61,9 @@ MethodResult run_full(Model& model, const PreparedRequest& req, const Config& cf
     r.ttft_ms = sum_ms(r.phases);
     r.chunk_order = identity_order(req.n_chunks());
     if (!hooks.before_decode || hooks.before_decode(cache, r)) {
-        decode_answer(model, cache, generate_options(cfg, stop_ids), r);
+        GenerateOptions gen = generate_options(cfg, stop_ids);
+        gen.on_token = hooks.on_token;
+        decode_answer(model, cache, gen, r);
         clock.mark("decode");
         if (hooks.after_decode) hooks.after_decode(cache, r);
     }
@@ -280,10 +282,11 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     // reform, h2o, streamingllm read contexts longer than the model's window (reform.h); they
     // have no chunk phase to share and no hook points yet.
     if (is_long_context_method(cfg.method.name)) {
-        IF_CHECK(hooks.chunks == nullptr && !hooks.before_decode && !hooks.after_decode,
+        IF_CHECK(!hooks.sweep_hooks() && !hooks.on_token,
                  "method.name = \"" << to_string(cfg.method.name)
                                     << "\": shared chunks and decode hooks (job sweep's "
-                                       "fidelity) are not implemented yet for this method");
+                                       "fidelity, job serve's streaming) are not implemented "
+                                       "yet for this method");
         return run_long_context(model, req, cfg, stop_ids);
     }
     if (cfg.method.name != Config::Method::full &&
@@ -346,6 +349,7 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     clock.mark("suffix_prefill");
     r.ttft_ms = sum_ms(r.phases);
     GenerateOptions gen = generate_options(cfg, stop_ids);
+    gen.on_token = hooks.on_token;
     if (x.grouped()) gen.group = 0;
     if (hooks.forced_ref) {  // the same teacher forcing as on P ranks (run_method_sp)
         const std::vector<float> rows =

@@ -11,6 +11,7 @@
 #include "runtime/config/config.h"
 #include "runtime/method/chunk_kv.h"
 #include "runtime/method/request.h"
+#include "runtime/model/generate.h"
 #include "runtime/model/model.h"
 
 namespace infoflow {
@@ -23,11 +24,23 @@ struct PhaseTime {
     double wait_ms = 0.0;
 };
 
+// The "kv" recompute's plan on P ranks (runtime/parallel/recompute_balance.h): the balance mode,
+// the link and compute rate its cost model assumed, and its modelled time and per-rank bytes
+// (sent, received over the whole recompute) next to those of every token on its owner.
+struct RecomputePlanReport {
+    bool planned = false;
+    std::string mode, link;
+    double alpha_us = 0.0, beta_gbs = 0.0, gmacs = 0.0;
+    double model_ms = 0.0, owned_model_ms = 0.0;
+    std::vector<double> sent, recv, owned_sent, owned_recv;  // [rank]
+};
+
 struct MethodResult {
     std::string method;
     std::vector<float> first_logits;  // [n_vocab] after the last suffix token
     std::vector<int32_t> answer;      // generated ids (stop token excluded)
     bool stopped = false;
+    bool cancelled = false;  // the decode ended because RunHooks::on_token returned false
     std::vector<int32_t> selected_positions;  // recomputed tokens, global positions, sorted
     std::vector<int> chunk_order;             // chunk order used (identity unless reordered)
     int context_tokens = 0;
@@ -41,6 +54,9 @@ struct MethodResult {
     int store_tokens = 0;
     uint64_t store_bytes = 0;
     int store_added = 0;
+    // The context chunks (indices into the request's chunks, >= 1, sorted) loaded from the
+    // store, over all ranks.
+    std::vector<int> store_loaded_chunks;
     // Peak resident memory of each rank's process up to the answer, MiB ([rank]; -1 where the
     // system does not say; filled by run_request).
     std::vector<double> peak_rss_mib;
@@ -49,6 +65,7 @@ struct MethodResult {
     // token on its owner, and the tokens run by a helper rank. Empty / 0 elsewhere.
     std::vector<double> recompute_load, recompute_load_owned;
     int recompute_moved = 0;
+    RecomputePlanReport recompute_plan;
     // Sequence-parallel runs: each rank's shard in tokens (docs/design.md §5.1; chunk_order
     // counts the chunks after parallel.placement = "tokens" cut them at the shard edges).
     std::vector<int> shard_tokens;
@@ -74,6 +91,9 @@ struct RunHooks {
     std::function<bool(KvCache& cache, MethodResult& r)> before_decode;
     // Called after decode with the run's cache: the prompt, then the decoded tokens.
     std::function<void(KvCache& cache, MethodResult& r)> after_decode;
+    // Sees every answer token as it is sampled; false ends the decode there (generate.h). The
+    // one hook the distributed pipelines take too (runtime/parallel/run.h; rank 0 calls it).
+    TokenCallback on_token;
     // Teacher forcing inside a sequence-parallel run (run_method_sp; job sweep on virtual
     // ranks), where no one rank's cache is the prompt: the tokens of `forced_ref` are fed after
     // the prompt (over rank 0's cache in "kv", across the ranks in "exact") and their rows of
@@ -81,8 +101,9 @@ struct RunHooks {
     // returns whether to decode (as before_decode does).
     const std::vector<int32_t>* forced_ref = nullptr;
     std::function<bool(const std::vector<float>& rows, MethodResult& r)> on_forced;
-    bool empty() const {
-        return !chunks && !before_decode && !after_decode && !forced_ref && !on_forced;
+    // Whether any of job sweep's hooks (all but on_token) is set.
+    bool sweep_hooks() const {
+        return chunks || before_decode || after_decode || forced_ref || on_forced;
     }
 };
 MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,

@@ -78,7 +78,17 @@ PreparedRequest prepare_request(const Tokenizer& tok, const ChatTemplate& chat,
     const InstructionText ins = instruction_text(cfg.request.prompt_template);
     PreparedRequest r;
 
-    std::vector<int32_t> prefix = chat.prefix(text.system);
+    IF_CHECK(text.history.empty() || text.system.empty(),
+             "request: a system prompt and conversation turns together (the system prompt is "
+             "the first turn)");
+    std::vector<int32_t> prefix;
+    if (text.history.empty()) {
+        prefix = chat.prefix(text.system);
+    } else {
+        std::vector<ChatMessage> turns;
+        for (const RequestText::Turn& t : text.history) turns.push_back({t.role, t.content});
+        prefix = chat.prefix(turns);
+    }
     const std::vector<int32_t> intro = chat.text(ins.intro);
     prefix.insert(prefix.end(), intro.begin(), intro.end());
     r.sink_id = resolve_sink(tok, prefix, cfg.chunking.sink);

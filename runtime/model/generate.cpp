@@ -10,6 +10,7 @@ namespace infoflow {
 
 std::vector<float> decode_step(Model& model, KvCache& cache, int32_t token, int32_t pos,
                                int32_t group) {
+    const Model::DecodeScope decoding(model);
     std::vector<int32_t> tok{token}, p{pos}, g{group};
     return model.forward(cache, tok, p, false, group >= 0 ? &g : nullptr);
 }
@@ -24,6 +25,7 @@ GenerateResult generate(Model& model, KvCache& cache, const std::vector<float>& 
     Sampler sampler(opt.sampling);
     std::vector<float> logits = first_logits;
     const auto t0 = std::chrono::steady_clock::now();
+    const Model::DecodeScope decoding(model);
     for (int step = 0; step < opt.max_new_tokens; ++step) {
         const int32_t tok = sampler.sample(logits.data(), n_vocab);
         if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), tok) != opt.stop_ids.end()) {
@@ -31,6 +33,10 @@ GenerateResult generate(Model& model, KvCache& cache, const std::vector<float>& 
             break;
         }
         r.tokens.push_back(tok);
+        if (opt.on_token && !opt.on_token(tok)) {
+            r.cancelled = true;
+            break;
+        }
         if (step + 1 == opt.max_new_tokens) break;
         IF_CHECK(next_pos < model.config().n_ctx_train,
                  "decode position " << next_pos << " exceeds the model's "

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "runtime/model/model.h"
@@ -10,16 +11,23 @@
 
 namespace infoflow {
 
+// Sees each answer token as soon as it is sampled (not the stop token); returning false ends the
+// generation after that token (a server's client went away, a stop string matched, a deadline
+// passed). In a distributed decode only rank 0 calls it, and its decision reaches every rank.
+using TokenCallback = std::function<bool(int32_t token)>;
+
 struct GenerateOptions {
     int max_new_tokens = 32;
     std::vector<int32_t> stop_ids;
     SamplingParams sampling;
-    int32_t group = -1;  // visibility group of decode rows (docs/design.md §5.2); -1 = none
+    int32_t group = -1;      // visibility group of decode rows (docs/design.md §5.2); -1 = none
+    TokenCallback on_token;  // optional
 };
 
 struct GenerateResult {
     std::vector<int32_t> tokens;  // generated ids, without the stop token
     bool stopped = false;         // ended on a stop token
+    bool cancelled = false;       // ended because on_token returned false
     double decode_ms = 0.0;       // time of the decode steps after the first token
 };
 

@@ -2,54 +2,10 @@
 
 #include <cstring>
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
 #include "runtime/core/error.h"
 #include "runtime/core/half.h"
 
 namespace infoflow {
-
-void kv_narrow(KvDtype t, const float* src, size_t n, void* dst) {
-    if (t == KvDtype::f32) {
-        std::memcpy(dst, src, n * sizeof(float));
-        return;
-    }
-    uint16_t* h = static_cast<uint16_t*>(dst);
-    size_t i = 0;
-    if (t == KvDtype::f16) {
-#if defined(__F16C__)
-        for (; i + 8 <= n; i += 8) {
-            const __m128i x = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), x);
-        }
-#endif
-        for (; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
-    } else {
-        for (; i < n; ++i) h[i] = fp32_to_bf16(src[i]);
-    }
-}
-
-void kv_widen(KvDtype t, const void* src, size_t n, float* dst) {
-    if (t == KvDtype::f32) {
-        std::memcpy(dst, src, n * sizeof(float));
-        return;
-    }
-    const uint16_t* h = static_cast<const uint16_t*>(src);
-    size_t i = 0;
-    if (t == KvDtype::f16) {
-#if defined(__F16C__)
-        for (; i + 8 <= n; i += 8) {
-            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
-            _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(x));
-        }
-#endif
-        for (; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
-    } else {
-        for (; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
-    }
-}
 
 KvCache::KvCache(Backend& backend, const ModelConfig& config, int capacity, KvDtype dtype)
     : backend_(&backend),
@@ -58,9 +14,6 @@ KvCache::KvCache(Backend& backend, const ModelConfig& config, int capacity, KvDt
       capacity_(capacity),
       dtype_(dtype) {
     IF_CHECK(capacity >= 0, "KV cache capacity must be >= 0, got " << capacity);
-    IF_CHECK(dtype == KvDtype::f32 || backend.name() == "cpu",
-             "model.kv_dtype = \"" << kv_dtype_name(dtype) << "\": not implemented yet on the "
-                                   << backend.name() << " backend");
     for (int l = 0; l < n_layer_; ++l) {
         k_.push_back(backend.alloc(size_t(capacity) * row_bytes()));
         v_.push_back(backend.alloc(size_t(capacity) * row_bytes()));
@@ -172,9 +125,9 @@ void KvCache::write_range(int layer, int first, int n, const float* k, const flo
     if (dtype_ == KvDtype::f32) {
         backend_->copy(kd, k, elems * sizeof(float));
         backend_->copy(vd, v, elems * sizeof(float));
-    } else {  // CPU backend memory is host memory
-        kv_narrow(dtype_, k, elems, kd);
-        kv_narrow(dtype_, v, elems, vd);
+    } else {
+        backend_->narrow_kv(dtype_, k, elems, kd);
+        backend_->narrow_kv(dtype_, v, elems, vd);
     }
 }
 
@@ -189,8 +142,8 @@ void KvCache::read_range(int layer, int first, int n, float* k, float* v) const 
         if (k) backend_->copy(k, ks, elems * sizeof(float));
         if (v) backend_->copy(v, vs, elems * sizeof(float));
     } else {
-        if (k) kv_widen(dtype_, ks, elems, k);
-        if (v) kv_widen(dtype_, vs, elems, v);
+        if (k) backend_->widen_kv(dtype_, ks, elems, k);
+        if (v) backend_->widen_kv(dtype_, vs, elems, v);
     }
 }
 

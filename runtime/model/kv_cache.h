@@ -2,7 +2,8 @@
 // position and visibility group (see AttnParams). Keys are stored post-RoPE at the slot's
 // position; V is position-free. Slots need not be in position order, but attention skips more
 // work when they come in sorted runs. Rows are stored as `dtype()` (model.kv_dtype): f32 is the
-// exact reference, f16/bf16 round each element once when it is written (CPU backend only).
+// exact reference, f16/bf16 round each element once when it is written (on any backend: the
+// backend's narrow_kv / widen_kv convert in its own memory).
 #pragma once
 
 #include <cstdint>
@@ -21,10 +22,6 @@ struct SlotRun {
     int n = 0;
 };
 std::vector<SlotRun> slot_runs(const int32_t* slots /*[n]*/, int n);
-
-// n fp32 values <-> KV storage type t (round to nearest even), host memory; f32 copies.
-void kv_narrow(KvDtype t, const float* src /*[n]*/, size_t n, void* dst /*[n]*/);
-void kv_widen(KvDtype t, const void* src /*[n]*/, size_t n, float* dst /*[n]*/);
 
 class KvCache {
   public:

@@ -80,7 +80,7 @@ const float* Model::w(const std::vector<float>& v) {
 
 void Model::mm(const float* x, const std::vector<float>& w32, const StoredMatrix& stored,
                const float* bias, int n, int k, int m, float* out, bool accumulate,
-               bool fp32_activations) {
+               bool lm_head) {
     if (stored.empty()) {
         backend_.matmul(x, w(w32), bias, n, k, m, out, accumulate);
         return;
@@ -92,7 +92,9 @@ void Model::mm(const float* x, const std::vector<float>& w32, const StoredMatrix
     nm.row_bytes = stored.row_bytes();
     nm.data = stored.data();
     nm.row_group = stored.row_group;
-    nm.fp32_activations = fp32_activations;
+    nm.pass = !decoding() ? NativePass::exact
+              : lm_head   ? NativePass::decode_fp32
+                          : NativePass::decode;
     backend_.matmul_native(x, nm, bias, n, out, accumulate);
 }
 

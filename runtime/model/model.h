@@ -73,6 +73,21 @@ class Model {
     // Rotates keys by per-token deltas (global - local position), docs/design.md §3.2.
     void rerotate_keys(float* k /*[n, n_head_kv, head_dim]*/, int n, const int32_t* delta /*[n]*/);
 
+    // Decode steps (one new token per step, docs/design.md §3.6) multiply quantized weights by
+    // 8-bit activations, as llama.cpp does; every other pass keeps fp32 activations and the
+    // fixed-order product of docs/design.md §6.4. A DecodeScope marks the steps of a generation
+    // loop on the calling thread (per thread, not per Model: the emulated ranks of
+    // bench.emulate_timing share one Model from their own threads); it is a property of the
+    // pass, never of how many rows a call carries.
+    class DecodeScope {
+      public:
+        explicit DecodeScope(Model&) { ++decode_depth(); }
+        ~DecodeScope() { --decode_depth(); }
+        DecodeScope(const DecodeScope&) = delete;
+        DecodeScope& operator=(const DecodeScope&) = delete;
+    };
+    static bool decoding() { return decode_depth() > 0; }
+
     // Convenience: appends `tokens` at `pos` (groups optional) to the cache, runs all layers, and
     // returns the logits of the last row ([n_vocab]) or of every row ([n, n_vocab]).
     std::vector<float> forward(KvCache& cache, const std::vector<int32_t>& tokens,
@@ -92,7 +107,7 @@ class Model {
     // out = x W^T with W in fp32 (w32) or, when `stored` is not empty, in its stored type.
     void mm(const float* x /*[n, k]*/, const std::vector<float>& w32, const StoredMatrix& stored,
             const float* bias /*[m] or nullptr*/, int n, int k, int m, float* out /*[n, m]*/,
-            bool accumulate, bool fp32_activations = false);
+            bool accumulate, bool lm_head = false);
     const std::vector<float>& lm_head() const;
 
     Backend& backend_;
@@ -108,6 +123,10 @@ class Model {
     Buffer pos_buf_;
     Scratch s_;
     KvDtype kv_dtype_ = KvDtype::f32;
+    static int& decode_depth() {
+        static thread_local int depth = 0;  // DecodeScopes open on this thread
+        return depth;
+    }
 };
 
 }  // namespace infoflow

@@ -10,6 +10,7 @@ namespace infoflow {
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), state_(p.seed ^ 0x9E3779B97F4A7C15ull) {
     IF_CHECK(p.temperature >= 0.0f, "temperature must be >= 0, got " << p.temperature);
+    IF_CHECK(p.top_p > 0.0 && p.top_p <= 1.0, "top_p must be in (0, 1], got " << p.top_p);
 }
 
 // splitmix64: a fixed, platform-independent generator.
@@ -26,6 +27,16 @@ int32_t Sampler::sample(const float* logits, int n_vocab) {
         IF_CHECK(std::isfinite(logits[i]),
                  "non-finite logit " << logits[i] << " at token id " << i);
     }
+    std::vector<float> biased;
+    if (!p_.logit_bias.empty()) {
+        biased.assign(logits, logits + n_vocab);
+        for (const auto& [id, b] : p_.logit_bias) {
+            IF_CHECK(id >= 0 && id < n_vocab,
+                     "logit_bias: token id " << id << " is outside the vocabulary of " << n_vocab);
+            biased[size_t(id)] += b;
+        }
+        logits = biased.data();
+    }
     if (p_.temperature == 0.0f) return argmax(logits, n_vocab);
     std::vector<std::pair<int32_t, float>> cand;
     if (p_.top_k > 0 && p_.top_k < n_vocab) {
@@ -41,6 +52,20 @@ int32_t Sampler::sample(const float* logits, int n_vocab) {
     for (size_t i = 0; i < cand.size(); ++i) {
         w[i] = std::exp((cand[i].second - mx) / p_.temperature);
         total += w[i];
+    }
+    if (p_.top_p < 1.0) {
+        // The nucleus: candidates by decreasing weight (ties to the lower id) until their mass
+        // reaches top_p of the total; the rest get weight 0.
+        std::vector<size_t> order(cand.size());
+        std::iota(order.begin(), order.end(), size_t(0));
+        std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+            return w[a] > w[b] || (w[a] == w[b] && cand[a].first < cand[b].first);
+        });
+        double kept = 0.0;
+        size_t n_keep = 0;
+        while (n_keep < order.size() && kept < p_.top_p * total) kept += w[order[n_keep++]];
+        for (size_t i = n_keep; i < order.size(); ++i) w[order[i]] = 0.0;
+        total = kept;
     }
     const double u = next_uniform() * total;
     double acc = 0.0;

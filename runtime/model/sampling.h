@@ -1,5 +1,6 @@
 // Token selection from logits: greedy (temperature 0, ties to the lowest id) or seeded
-// temperature sampling with an optional top-k; deterministic for a given seed on every platform.
+// temperature sampling with an optional top-k and top-p (nucleus) cut; deterministic for a given
+// seed on every platform. An optional logit bias is added first (OpenAI's `logit_bias`).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,11 @@ namespace infoflow {
 struct SamplingParams {
     float temperature = 0.0f;
     uint64_t seed = 0;
-    int top_k = 0;  // 0 = whole vocabulary
+    int top_k = 0;       // 0 = whole vocabulary
+    double top_p = 1.0;  // (0, 1]: keep the most likely tokens until their mass reaches top_p
+    // Added to the logit of each listed token id before sampling (greedy included); ids must
+    // be in [0, n_vocab).
+    std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 class Sampler {

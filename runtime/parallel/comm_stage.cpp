@@ -15,6 +15,13 @@ bool comm_reads_backend(const Communicator& comm, const Backend& be) {
 
 namespace {
 
+// The stream a direct call is enqueued on: the backend's own for a device communicator, so the
+// transfer follows the ops that wrote its buffers (the CUDA backend's stream does not
+// synchronize with the legacy default stream a null stream would mean); none for a host one.
+Stream direct_stream(const Communicator& comm, Backend& be) {
+    return comm.memory_space() == MemorySpace::device ? be.stream() : nullptr;
+}
+
 std::vector<char> download(Backend& be, const void* src, size_t bytes) {
     std::vector<char> h(std::max<size_t>(bytes, 1));
     if (bytes) be.download(h.data(), src, bytes);
@@ -29,7 +36,9 @@ size_t total(const std::vector<size_t>& v) {
 
 void all_gather_backend(Communicator& comm, Backend& be, const void* send, size_t bytes_per_rank,
                         void* recv) {
-    if (comm_reads_backend(comm, be)) return comm.all_gather(send, bytes_per_rank, recv);
+    if (comm_reads_backend(comm, be)) {
+        return comm.all_gather(send, bytes_per_rank, recv, direct_stream(comm, be));
+    }
     const std::vector<char> s = download(be, send, bytes_per_rank);
     std::vector<char> r(std::max<size_t>(bytes_per_rank * size_t(comm.size()), 1));
     comm.all_gather(s.data(), bytes_per_rank, r.data());
@@ -38,7 +47,9 @@ void all_gather_backend(Communicator& comm, Backend& be, const void* send, size_
 
 void all_gather_v_backend(Communicator& comm, Backend& be, const void* send, size_t send_bytes,
                           void* recv, const std::vector<size_t>& recv_bytes) {
-    if (comm_reads_backend(comm, be)) return comm.all_gather_v(send, send_bytes, recv, recv_bytes);
+    if (comm_reads_backend(comm, be)) {
+        return comm.all_gather_v(send, send_bytes, recv, recv_bytes, direct_stream(comm, be));
+    }
     const std::vector<char> s = download(be, send, send_bytes);
     std::vector<char> r(std::max<size_t>(total(recv_bytes), 1));
     comm.all_gather_v(s.data(), send_bytes, r.data(), recv_bytes);
@@ -49,7 +60,7 @@ void all_to_all_v_backend(Communicator& comm, Backend& be, const void* send,
                           const std::vector<size_t>& send_bytes, void* recv,
                           const std::vector<size_t>& recv_bytes) {
     if (comm_reads_backend(comm, be)) {
-        return comm.all_to_all_v(send, send_bytes, recv, recv_bytes);
+        return comm.all_to_all_v(send, send_bytes, recv, recv_bytes, direct_stream(comm, be));
     }
     const std::vector<char> s = download(be, send, total(send_bytes));
     std::vector<char> r(std::max<size_t>(total(recv_bytes), 1));
@@ -61,7 +72,7 @@ BackendP2P::BackendP2P(Communicator& comm, Backend& be)
     : comm_(comm), be_(be), direct_(comm_reads_backend(comm, be)) {}
 
 Request BackendP2P::isend(const void* buf, size_t bytes, int dest, int tag) {
-    if (direct_) return comm_.isend(buf, bytes, dest, tag);
+    if (direct_) return comm_.isend(buf, bytes, dest, tag, direct_stream(comm_, be_));
     auto s = std::make_unique<Staged>();
     s->host = download(be_, buf, bytes);
     const void* host = s->host.data();
@@ -70,7 +81,7 @@ Request BackendP2P::isend(const void* buf, size_t bytes, int dest, int tag) {
 }
 
 Request BackendP2P::irecv(void* buf, size_t bytes, int src, int tag) {
-    if (direct_) return comm_.irecv(buf, bytes, src, tag);
+    if (direct_) return comm_.irecv(buf, bytes, src, tag, direct_stream(comm_, be_));
     auto s = std::make_unique<Staged>();
     s->dst = buf;
     s->host.resize(bytes);

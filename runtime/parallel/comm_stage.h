@@ -2,8 +2,10 @@
 // A communicator that reads that memory — any communicator with the CPU backend, a device
 // communicator (NCCL) with a device backend — runs on the buffers directly; a host communicator
 // (MPI, self) with a device backend goes through host copies: download the send buffer, run the
-// collective on host memory, upload the result. Byte accounting is the communicator's either
-// way. Arguments mean what they mean on Communicator (comm/communicator.h).
+// collective on host memory, upload the result. A device communicator is given the backend's
+// stream, so its transfers follow the ops that wrote their buffers. Byte accounting is the
+// communicator's either way. Arguments mean what they mean on Communicator
+// (comm/communicator.h).
 #pragma once
 
 #include <cstddef>

@@ -11,14 +11,25 @@
 // attention over its shard from x's query, and the two partials are merged by their LSE
 // (§5.3). The result is the "kv" semantics unchanged, up to the rounding of the merge.
 //
-// The plan is a deterministic function of the selection and the placement, computed
-// identically on every rank: a greedy pass that moves tokens from the most loaded rank to the
-// least loaded while that lowers the maximum, under a cost model of multiply-adds per layer.
+// Moving a token costs bytes: per layer its query goes to the owner and its partial (out, lse)
+// comes back, about three times its K/V. On a fast link against slow compute that pays; on a
+// slow link against fast compute it does not. The plan weighs both with a cost model: compute
+// at a nominal rate (multiply-adds per second per rank) and each collective alpha + bytes / beta
+// on the link the ranks use (comm/comm_model.h), in the BSP form the recompute runs in: per
+// layer the busiest rank's compute, then the K/V all-gather and, once any token moved, the two
+// all-to-alls of queries and partials.
+//
+// The plan is a deterministic function of the selection, the placement and the model, computed
+// identically on every rank: a greedy pass moves tokens from the most loaded rank to the least
+// loaded while that lowers the maximum compute; BalanceMode::on takes the whole pass,
+// BalanceMode::automatic the prefix of it with the lowest modelled time (none at all when no
+// prefix beats every token on its owner).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "comm/comm_model.h"
 #include "runtime/model/model_config.h"
 
 namespace infoflow {
@@ -38,17 +49,47 @@ struct RecomputeToken {
     int other_keys = 0;  // visible keys of chunk 0 and of other shards' selected tokens
 };
 
+// What the plan's time model needs beyond the multiply-adds.
+struct BalanceModel {
+    double gmacs = 1.0;         // compute rate of one rank, 1e9 multiply-adds per second
+    LinkModel link;             // alpha-beta of the link
+    int layers = 1;             // layers recomputed (each: all-gather, and the all-to-alls)
+    int owner_layers = 0;       // layers before them whose K/V the owners send (CacheBlend: 1)
+    double kv_bytes = 0.0;      // one token's K and V rows of one layer, in the cache's type
+    double query_bytes = 0.0;   // one moved token's query (fp32)
+    double state_bytes = 0.0;   // one moved token's partial: out and lse (fp32)
+    double input_bytes = 0.0;   // one moved token's input row, sent once (CacheBlend), else 0
+};
+
+enum class BalanceMode { off, on, automatic };
+const char* balance_mode_name(BalanceMode m);
+
+// The modelled cost of one plan: its time and every rank's bytes over the whole recompute
+// (sent + received, counted as comm/communicator.h counts them).
+struct PlanCost {
+    double ms = 0.0;
+    std::vector<double> sent, recv;  // [P]
+    double max_bytes() const;        // the busiest rank's sent + received
+};
+
 struct RecomputePlan {
     std::vector<int> runner;    // [n] rank that runs each token's layers
     std::vector<double> load;   // [P] modelled work per layer with this plan
     std::vector<double> owned;  // [P] the same with every token run by its owner
     int moved = 0;              // tokens with runner != owner
+    BalanceMode mode = BalanceMode::off;
+    PlanCost cost;        // this plan
+    PlanCost owned_cost;  // every token on its owner
     double max_load() const;
     double mean_load() const;
 };
 
-// balance = false: every token stays with its owner.
 RecomputePlan plan_recompute(const std::vector<RecomputeToken>& tokens, int n_ranks,
-                             const RecomputeCost& cost, bool balance);
+                             const RecomputeCost& cost, BalanceMode mode,
+                             const BalanceModel& model);
+
+// The model's figure for a given assignment (runner[i] for each token).
+PlanCost plan_cost(const std::vector<RecomputeToken>& tokens, const std::vector<int>& runner,
+                   const std::vector<double>& load, int n_ranks, const BalanceModel& model);
 
 }  // namespace infoflow

@@ -33,22 +33,36 @@ std::vector<std::vector<int32_t>> ring_shards(int n, int n_ranks, bool zigzag) {
 
 namespace {
 
-// One rank's share of the ring prefill: its tokens' hidden states and attention scratch.
+// One rank's share of the ring prefill: its tokens' hidden states and attention scratch. K/V
+// rows travel in the KV cache's storage type (model.kv_dtype), `rb` bytes each.
 struct RingRows {
-    RingRows(const std::vector<std::vector<int32_t>>& s, int n_rows) : shards(s), n(n_rows) {}
+    RingRows(const std::vector<std::vector<int32_t>>& s, int n_rows, KvDtype t, size_t row_bytes)
+        : shards(s), n(n_rows), dtype(t), rb(row_bytes) {}
     const std::vector<std::vector<int32_t>>& shards;  // positions of every rank's shard
     int n = 0;                                        // this rank's tokens
+    KvDtype dtype;
+    size_t rb;  // bytes of one K (or V) row
     Buffer h, q, out, lse, o_step, l_step;
+    Buffer kv32;    // 16-bit caches: this layer's own K/V in fp32, before they are narrowed
     Buffer buf[2];  // double buffers of [k rows | v rows] travelling around the ring
     Buffer all_kv;  // ring.exchange = "allgather": every rank's [k rows | v rows]
+    char* block(int i) { return reinterpret_cast<char*>(buf[i].data()); }
 };
 
-// Attention of this rank's queries over one block of keys, merged into (out, lse) unless it is
-// the first block.
-void attend_block(Backend& be, AttnParams& ap, RingRows& w, const float* k, const float* v,
+// Attention of this rank's queries over one block of np keys ([k rows | v rows] at `kv`, in the
+// cache's type), merged into (out, lse) unless it is the first block.
+void attend_block(Backend& be, AttnParams& ap, RingRows& w, const void* kv,
                   const std::vector<int32_t>& k_pos, bool first, int n_states, int head_dim) {
-    ap.k = k;
-    ap.v = v;
+    const char* k = static_cast<const char*>(kv);
+    const char* v = k + k_pos.size() * w.rb;
+    ap.kv_dtype = w.dtype;
+    if (w.dtype == KvDtype::f32) {
+        ap.k = reinterpret_cast<const float*>(k);
+        ap.v = reinterpret_cast<const float*>(v);
+    } else {
+        ap.k16 = reinterpret_cast<const uint16_t*>(k);
+        ap.v16 = reinterpret_cast<const uint16_t*>(v);
+    }
     ap.k_pos = k_pos.data();
     ap.n_kv = int(k_pos.size());
     ap.out = first ? w.out.data() : w.o_step.data();
@@ -64,29 +78,29 @@ void attend_block(Backend& be, AttnParams& ap, RingRows& w, const float* k, cons
 // then attention block by block.
 void attend_allgather(Model& model, Communicator& comm, AttnParams& ap, RingRows& w) {
     const ModelConfig& c = model.config();
-    const int P = comm.size(), row = c.n_head_kv * c.head_dim;
+    const int P = comm.size();
     std::vector<size_t> bytes(P);
-    for (int p = 0; p < P; ++p) bytes[p] = w.shards[p].size() * 2 * row * sizeof(float);
-    all_gather_v_backend(comm, model.backend(), w.buf[0].data(), bytes[comm.rank()],
-                         w.all_kv.data(), bytes);
-    const float* block = w.all_kv.data();
+    for (int p = 0; p < P; ++p) bytes[p] = w.shards[p].size() * 2 * w.rb;
+    all_gather_v_backend(comm, model.backend(), w.block(0), bytes[comm.rank()], w.all_kv.data(),
+                         bytes);
+    const char* block = reinterpret_cast<const char*>(w.all_kv.data());
     bool first = true;
     for (int p = 0; p < P; ++p) {
-        const size_t np = w.shards[p].size();
-        if (np > 0) {
-            attend_block(model.backend(), ap, w, block, block + np * row, w.shards[p], first,
-                         w.n * c.n_head, c.head_dim);
+        if (!w.shards[p].empty()) {
+            attend_block(model.backend(), ap, w, block, w.shards[p], first, w.n * c.n_head,
+                         c.head_dim);
             first = false;
         }
-        block += np * 2 * row;
+        block += bytes[p];
     }
 }
 
-// The ring: P steps; at each, post the next block's receive and this block's send, attend the
-// current block while it travels on, wait, swap buffers.
+// The ring: P steps; at each, post the next block's receive and this block's send, start them
+// (test(): a device communicator defers point-to-point work until then, and runs it on its own
+// stream), attend the current block while it travels on, wait, swap buffers.
 void attend_ring(Model& model, Communicator& comm, AttnParams& ap, RingRows& w, int l) {
     const ModelConfig& c = model.config();
-    const int P = comm.size(), rank = comm.rank(), row = c.n_head_kv * c.head_dim;
+    const int P = comm.size(), rank = comm.rank();
     BackendP2P p2p(comm, model.backend());
     int cur = 0;
     for (int s = 0; s < P; ++s) {
@@ -95,13 +109,13 @@ void attend_ring(Model& model, Communicator& comm, AttnParams& ap, RingRows& w, 
         Request send, recv;
         if (s < P - 1) {
             const int next_src = (rank - s - 1 + P) % P;
-            const size_t in_bytes = w.shards[next_src].size() * 2 * row * sizeof(float);
-            recv = p2p.irecv(w.buf[1 - cur].data(), in_bytes, (rank - 1 + P) % P, l);
-            send = p2p.isend(w.buf[cur].data(), np * 2 * row * sizeof(float), (rank + 1) % P, l);
+            const size_t in_bytes = w.shards[next_src].size() * 2 * w.rb;
+            recv = p2p.irecv(w.block(1 - cur), in_bytes, (rank - 1 + P) % P, l);
+            send = p2p.isend(w.block(cur), np * 2 * w.rb, (rank + 1) % P, l);
+            recv.test();  // the transfer starts before the attention below is queued
         }
         if (np > 0 && w.n > 0) {
-            const float* k = w.buf[cur].data();
-            attend_block(model.backend(), ap, w, k, k + np * row, w.shards[src], s == 0,
+            attend_block(model.backend(), ap, w, w.block(cur), w.shards[src], s == 0,
                          w.n * c.n_head, c.head_dim);
         }
         send.wait();
@@ -125,7 +139,8 @@ std::vector<float> ring_prefill(Model& model, Communicator& comm, const Config& 
         n_max = std::max(n_max, s.size());
         n_all += s.size();
     }
-    RingRows w(shards, int(mine.size()));
+    RingRows w(shards, int(mine.size()), cache.dtype(), cache.row_bytes());
+    const bool wide = w.dtype == KvDtype::f32;
     const size_t m = size_t(std::max(1, w.n));
     w.h = be.alloc_floats(m * c.n_embd);
     w.q = be.alloc_floats(m * qd);
@@ -133,9 +148,10 @@ std::vector<float> ring_prefill(Model& model, Communicator& comm, const Config& 
     w.lse = be.alloc_floats(m * c.n_head);
     w.o_step = be.alloc_floats(m * qd);
     w.l_step = be.alloc_floats(m * c.n_head);
-    for (Buffer& b : w.buf) b = be.alloc_floats(std::max<size_t>(1, n_max * 2 * row));
+    if (!wide) w.kv32 = be.alloc_floats(m * 2 * row);
+    for (Buffer& b : w.buf) b = be.alloc(std::max<size_t>(1, n_max * 2 * w.rb));
     const bool allgather = cfg.ring.exchange == Config::RingExchange::allgather;
-    if (allgather) w.all_kv = be.alloc_floats(std::max<size_t>(1, n_all * 2 * row));
+    if (allgather) w.all_kv = be.alloc(std::max<size_t>(1, n_all * 2 * w.rb));
     cache.append(w.n, mine.data(), nullptr);
     std::vector<int32_t> toks(w.n);
     for (int i = 0; i < w.n; ++i) toks[i] = seq[mine[i]];
@@ -150,10 +166,13 @@ std::vector<float> ring_prefill(Model& model, Communicator& comm, const Config& 
     ap.q_pos = mine.data();
     ap.n_q = w.n;
     for (int l = 0; l < c.n_layer; ++l) {
-        float* k_own = w.buf[0].data();
+        // The own block in the cache's type: fp32 rows go straight into the ring buffer; 16-bit
+        // ones are narrowed into the cache and copied from there as stored.
+        float* k_own = wide ? w.buf[0].data() : w.kv32.data();
         float* v_own = k_own + size_t(w.n) * row;
         model.layer_qkv(l, w.h.data(), w.n, mine.data(), w.q.data(), k_own, v_own);
         cache.write_range(l, 0, w.n, k_own, v_own);
+        if (!wide) cache.read_range_raw(l, 0, w.n, w.block(0), w.block(0) + size_t(w.n) * w.rb);
         if (allgather) {
             attend_allgather(model, comm, ap, w);
         } else {
@@ -176,7 +195,8 @@ std::vector<float> ring_prefill(Model& model, Communicator& comm, const Config& 
 }  // namespace
 
 MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cfg,
-                      Communicator& comm, const std::vector<int32_t>& stop_ids) {
+                      Communicator& comm, const std::vector<int32_t>& stop_ids,
+                      const TokenCallback& on_token) {
     MethodResult r = start_result(model, req, cfg, comm.size());
     r.method = "ring";
     r.chunk_order = identity_order(req.n_chunks());
@@ -191,7 +211,7 @@ MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cf
     r.ttft_ms = r.phases.back().ms;
     clock.begin("decode");
     r.answer = generate_replicated(model, comm, cache, 0, r.first_logits, int(seq.size()), cfg,
-                                   stop_ids, &r.stopped);
+                                   stop_ids, &r.stopped, on_token, &r.cancelled);
     clock.end();
     gather_phases(comm, r);
     return r;

@@ -1,8 +1,9 @@
-// Ring attention (docs/design.md §5.4): exact causal prefill of the whole sequence (context + suffix)
-// over P ranks. Each rank holds a shard of the sequence ("zigzag": 2P blocks, rank r holds
+// Ring attention (docs/design.md §5.4): exact causal prefill of the whole sequence (context +
+// suffix) over P ranks. Each rank holds a shard of the sequence ("zigzag": 2P blocks, rank r holds
 // blocks r and 2P-1-r; "contiguous": rank r holds block P-1-r, so rank 0 always holds the last
 // position); per layer the K/V blocks travel P-1 steps around the ring with non-blocking
-// send/recv overlapped with the current block's attention, partial states LSE-merged.
+// send/recv overlapped with the current block's attention, partial states LSE-merged. K/V move
+// in the KV cache's storage type (model.kv_dtype: f16/bf16 halve the bytes).
 // ring.exchange = "allgather" all-gathers K/V per layer instead (the authors' baseline). The
 // first answer token comes from the last position's state on rank 0; decode is distributed.
 #pragma once
@@ -19,6 +20,7 @@ namespace infoflow {
 std::vector<std::vector<int32_t>> ring_shards(int n, int n_ranks, bool zigzag);
 
 MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cfg,
-                      Communicator& comm, const std::vector<int32_t>& stop_ids);
+                      Communicator& comm, const std::vector<int32_t>& stop_ids,
+                      const TokenCallback& on_token = {});
 
 }  // namespace infoflow

@@ -59,20 +59,32 @@ void forward_replicated(Model& model, Communicator& comm, KvCache& cache, int ke
 std::vector<int32_t> generate_replicated(Model& model, Communicator& comm, KvCache& cache,
                                          int key_begin, const std::vector<float>& first_logits,
                                          int32_t next_pos, const Config& cfg,
-                                         const std::vector<int32_t>& stop_ids, bool* stopped) {
+                                         const std::vector<int32_t>& stop_ids, bool* stopped,
+                                         const TokenCallback& on_token, bool* cancelled) {
     const ModelConfig& c = model.config();
     Backend& be = model.backend();
     Sampler sampler(generate_options(cfg, stop_ids).sampling);
     std::vector<float> logits = first_logits;
     std::vector<int32_t> out;
     *stopped = false;
+    if (cancelled) *cancelled = false;
     Buffer h = be.alloc_floats(c.n_embd);
     Buffer lg = be.alloc_floats(c.n_vocab);
+    const Model::DecodeScope decoding(model);
     for (int step = 0; step < cfg.decode.max_new_tokens; ++step) {
         int32_t tok = comm.rank() == 0 ? sampler.sample(logits.data(), c.n_vocab) : 0;
+        const bool is_stop = std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end();
+        // Rank 0 hands the token to on_token before anyone goes on; an end it asks for travels
+        // with the token (-2 - tok), so the ranks stay in step.
+        if (comm.rank() == 0 && !is_stop && on_token && !on_token(tok)) tok = -2 - tok;
         comm.broadcast(&tok, sizeof(tok), 0);  // rank 0 samples, everyone follows
         if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
             *stopped = true;
+            break;
+        }
+        if (tok <= -2) {
+            out.push_back(-2 - tok);
+            if (cancelled) *cancelled = true;
             break;
         }
         out.push_back(tok);
@@ -160,15 +172,20 @@ std::vector<float> forced_rows_exact(Model& model, Communicator& comm, const Pre
 }
 
 void decode_kv(Model& model, Communicator& comm, const Config& cfg,
-               const std::vector<int32_t>& stop_ids, KvCache& cache, MethodResult& r) {
-    if (comm.rank() == 0) decode_answer(model, cache, generate_options(cfg, stop_ids), r);
+               const std::vector<int32_t>& stop_ids, KvCache& cache, MethodResult& r,
+               const TokenCallback& on_token) {
+    if (comm.rank() != 0) return;
+    GenerateOptions gen = generate_options(cfg, stop_ids);
+    gen.on_token = on_token;
+    decode_answer(model, cache, gen, r);
 }
 
 void decode_exact(Model& model, Communicator& comm, const Config& cfg,
                   const std::vector<int32_t>& stop_ids, const Shard& sh, KvCache& cache,
-                  MethodResult& r) {
+                  MethodResult& r, const TokenCallback& on_token) {
     r.answer = generate_replicated(model, comm, cache, sh.key_begin(), r.first_logits,
-                                   r.context_tokens + r.suffix_tokens, cfg, stop_ids, &r.stopped);
+                                   r.context_tokens + r.suffix_tokens, cfg, stop_ids, &r.stopped,
+                                   on_token, &r.cancelled);
 }
 
 }  // namespace infoflow

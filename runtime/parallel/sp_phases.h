@@ -68,12 +68,12 @@ struct SpSelection {
 SpSelection score_and_select(Model& model, Communicator& comm, const PreparedRequest& req,
                              const Config& cfg, const Shard& sh, KvCache& cache);
 
-// Phase 3, "kv": every selected token is recomputed by its owner or, with `balance`, by the
-// helper rank the plan gives it (recompute_balance.h: the owner then contributes the token's
+// Phase 3, "kv": every selected token is recomputed by its owner or by the helper rank the
+// plan gives it (parallel.balance, recompute_balance.h: the owner then contributes the token's
 // attention over its shard, merged by LSE); the new K/V are all-gathered per layer into slots
-// appended for them on every other rank. `result` (optional) receives the plan's loads.
+// appended for them on every other rank. `result` (optional) receives the plan and its model.
 void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, const Shard& sh,
-                  const SpSelection& sel, KvCache& cache, bool balance,
+                  const SpSelection& sel, KvCache& cache, const Config& cfg,
                   MethodResult* result = nullptr);
 // Phase 3, "exact": the selected queries attend over every rank's keys (pass-Q).
 void recompute_exact(Model& model, Communicator& comm, const PreparedRequest& req, const Shard& sh,
@@ -88,8 +88,10 @@ std::vector<float> prefill_suffix_exact(Model& model, Communicator& comm,
                                         KvCache& cache);
 // Phase 4, the decode from r.first_logits: "kv" on rank 0 alone; "exact" distributed, rank 0
 // sampling. Fill r.answer and r.stopped.
+// `on_token` (optional): rank 0 sees each token and may end the decode (generate.h).
 void decode_kv(Model& model, Communicator& comm, const Config& cfg,
-               const std::vector<int32_t>& stop_ids, KvCache& cache, MethodResult& r);
+               const std::vector<int32_t>& stop_ids, KvCache& cache, MethodResult& r,
+               const TokenCallback& on_token = {});
 // Teacher forcing (RunHooks::forced_ref): the rows of logits of `ref` fed after the prompt
 // (first_logits, then one row per fed token) on rank 0; "kv" over rank 0's cache alone, "exact"
 // with the fed rows' attention merged across ranks (their K/V stored on rank 0 and dropped
@@ -103,6 +105,6 @@ std::vector<float> forced_rows_exact(Model& model, Communicator& comm, const Pre
                                      const std::vector<int32_t>& ref);
 void decode_exact(Model& model, Communicator& comm, const Config& cfg,
                   const std::vector<int32_t>& stop_ids, const Shard& sh, KvCache& cache,
-                  MethodResult& r);
+                  MethodResult& r, const TokenCallback& on_token = {});
 
 }  // namespace infoflow

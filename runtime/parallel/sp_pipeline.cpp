@@ -77,7 +77,7 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     if (exact) {
         recompute_exact(model, comm, req, sh, sel, p.cache);
     } else {
-        recompute_kv(model, comm, req, sh, sel, p.cache, cfg.parallel.balance, &r);
+        recompute_kv(model, comm, req, sh, sel, p.cache, cfg, &r);
     }
     for (int g : sel.selected) r.selected_positions.push_back(sh.gpos[g]);
     clock.end();
@@ -100,9 +100,9 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     }
     clock.begin("decode");
     if (decode && exact) {
-        decode_exact(model, comm, cfg, stop_ids, sh, p.cache, r);
+        decode_exact(model, comm, cfg, stop_ids, sh, p.cache, r, hooks.on_token);
     } else if (decode) {
-        decode_kv(model, comm, cfg, stop_ids, p.cache, r);
+        decode_kv(model, comm, cfg, stop_ids, p.cache, r, hooks.on_token);
     }
     clock.end();
 
@@ -120,6 +120,14 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
         r.store_tokens = int(use[1]);
         r.store_bytes = uint64_t(use[2]);
         r.store_added = int(use[3]);
+        // Which chunks came from the store, over all ranks (each loads its own shard's).
+        std::vector<int32_t> loaded(size_t(req.n_chunks()), 0);
+        for (int ci : r.store_loaded_chunks) loaded[size_t(ci)] = 1;
+        comm.all_reduce(loaded.data(), loaded.size(), DType::i32, ReduceOp::max);
+        r.store_loaded_chunks.clear();
+        for (int ci = 0; ci < req.n_chunks(); ++ci) {
+            if (loaded[size_t(ci)]) r.store_loaded_chunks.push_back(ci);
+        }
     }
     gather_phases(comm, r);
     return r;

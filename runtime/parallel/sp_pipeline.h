@@ -17,9 +17,10 @@ namespace infoflow {
 
 // Runs cfg.method (none | infoflow | cacheblend | epic) across the ranks of `comm`. The full
 // result (answer, logits) is on rank 0; every rank returns its own phases.
-// `hooks` (job sweep): `chunks` replaces the shard prefill (each rank copies its chunks from
-// them), `forced_ref`/`on_forced` teacher-force a reference before the decode; before_decode
-// and after_decode are not called here (no rank's cache is the prompt).
+// `hooks`: `on_token` (optional) is called on rank 0 with each answer token; false ends the
+// decode on every rank. Job sweep's: `chunks` replaces the shard prefill (each rank copies its
+// chunks from them), `forced_ref`/`on_forced` teacher-force a reference before the decode;
+// before_decode and after_decode are not called here (no rank's cache is the prompt).
 MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Config& cfg,
                            Communicator& comm, const std::vector<int32_t>& stop_ids,
                            const RunHooks& hooks = {});
@@ -35,11 +36,15 @@ void forward_replicated(Model& model, Communicator& comm, KvCache& cache, int ke
 
 // Distributed generation (docs/design.md §5.2 "exact", §5.4): rank 0 samples from `first_logits`
 // and broadcasts each token; the decode row attends over every rank's local cache (its K/V stored
-// on rank 0), partial states merged. Returns the tokens on every rank.
+// on rank 0), partial states merged. Returns the tokens on every rank. Rank 0 calls `on_token`
+// (optional) with each token; when it returns false, the broadcast token carries the end too
+// (sent as -2 - token), so every rank stops after it (*cancelled set on every rank).
 std::vector<int32_t> generate_replicated(Model& model, Communicator& comm, KvCache& cache,
                                          int key_begin, const std::vector<float>& first_logits,
                                          int32_t next_pos, const Config& cfg,
-                                         const std::vector<int32_t>& stop_ids, bool* stopped);
+                                         const std::vector<int32_t>& stop_ids, bool* stopped,
+                                         const TokenCallback& on_token = {},
+                                         bool* cancelled = nullptr);
 
 // Gathers every rank's phases (same names, same order on all ranks) to rank 0.
 void gather_phases(Communicator& comm, MethodResult& r);

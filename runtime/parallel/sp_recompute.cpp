@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string>
 
 #include "runtime/parallel/comm_stage.h"
 #include "runtime/parallel/dist_attention.h"
@@ -123,9 +124,9 @@ struct KvWork {
 };
 
 KvWork kv_work(const Shard& sh, const SpSelection& sel, int P, const RecomputeCost& cost,
-               bool balance, KvCache& cache) {
+               BalanceMode mode, const BalanceModel& bm, KvCache& cache) {
     KvWork w;
-    w.plan = plan_recompute(plan_tokens(sh, sel, P), P, cost, balance);
+    w.plan = plan_recompute(plan_tokens(sh, sel, P), P, cost, mode, bm);
     const int n = int(sel.selected.size());
     w.runs.assign(P, {});
     w.owns.assign(P, {});
@@ -146,6 +147,47 @@ KvWork kv_work(const Shard& sh, const SpSelection& sel, int P, const RecomputeCo
     }
     w.slot = kv_slots(sh, sel, P, cache);
     return w;
+}
+
+// The backend's nominal compute rate for the plan (parallel.compute_gmacs = 0).
+double nominal_gmacs(const Backend& be) {
+    const double g = be.nominal_gmacs();
+    return g > 0.0 ? g : 150000.0;  // a device that names none: an H100-class GPU
+}
+
+// The plan's cost model for this request (recompute_balance.h): the backend's nominal rate and
+// the communicator's link, unless the config names them; *link_name says which link.
+BalanceModel balance_model(Model& model, const Communicator& comm, const Config& cfg,
+                           const KvCache& cache, const SpSelection& sel, std::string* link_name) {
+    const ModelConfig& c = model.config();
+    const Config::ParallelSection& par = cfg.parallel;
+    BalanceModel m;
+    m.gmacs = par.compute_gmacs > 0.0 ? par.compute_gmacs : nominal_gmacs(model.backend());
+    Link link = comm.link();
+    if (par.link != Config::LinkKind::automatic) {
+        const LinkKind k = par.link == Config::LinkKind::shm   ? LinkKind::shm
+                           : par.link == Config::LinkKind::tcp ? LinkKind::tcp
+                           : par.link == Config::LinkKind::ib  ? LinkKind::ib
+                                                               : LinkKind::nvlink;
+        link = Link{k, link_defaults(k)};
+    }
+    if (par.link_alpha_us > 0.0) link.model.alpha_us = par.link_alpha_us;
+    if (par.link_gbs > 0.0) link.model.beta_gbs = par.link_gbs;
+    *link_name = link_kind_name(link.kind);
+    m.link = link.model;
+    m.layers = c.n_layer - sel.first_layer;
+    m.owner_layers = sel.first_layer;
+    m.kv_bytes = 2.0 * double(cache.row_bytes());
+    m.query_bytes = 4.0 * c.n_head * c.head_dim;
+    m.state_bytes = 4.0 * c.n_head * (c.head_dim + 1);
+    m.input_bytes = sel.first_layer > 0 ? 4.0 * c.n_embd : 0.0;
+    return m;
+}
+
+BalanceMode balance_mode(Config::Balance b) {
+    return b == Config::Balance::on    ? BalanceMode::on
+           : b == Config::Balance::off ? BalanceMode::off
+                                       : BalanceMode::automatic;
 }
 
 // The tokens of `lists[p]` travel from rank p, read from its cache at layer l, to every other
@@ -266,182 +308,261 @@ void partial_attention(Backend& be, AttnParams p, const float* q, const int32_t*
     be.attention(p);
 }
 
-}  // namespace
+// This rank's rows: the tokens it runs (its own first, then those it helps, grouped by owner
+// rank), and the tokens of its shard that helpers run, grouped by helper rank (the order in
+// which their queries arrive and their partials leave).
+struct KvRows {
+    int n = 0, n_kept = 0;
+    std::vector<int32_t> tok, pos, slot;  // [n]
+    std::vector<int> helped;              // tokens of this shard run by helpers
+    std::vector<int32_t> helped_pos;      // [helped]
+    std::vector<size_t> helped_count;     // [P] tokens of this shard each helper runs
+    std::vector<size_t> help_count;       // [P] rows this rank runs for each owner
+    std::vector<int> help_first;          // [P] the first of those rows
+    int n_help() const { return n - n_kept; }
+    int n_helped() const { return int(helped.size()); }
+};
 
-void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, const Shard& sh,
-                  const SpSelection& sel, KvCache& cache, bool balance, MethodResult* result) {
-    if (sel.selected.empty()) return;
-    const ModelConfig& c = model.config();
-    Backend& be = model.backend();
-    const int P = comm.size(), me = sh.rank, row = cache.row();
-    const int H = c.n_head, D = c.head_dim, qd = H * D;
-    KvWork w = kv_work(sh, sel, P, recompute_cost(c), balance, cache);
-    if (result) {
-        result->recompute_load = w.plan.load;
-        result->recompute_load_owned = w.plan.owned;
-        result->recompute_moved = w.plan.moved;
-    }
+KvRows kv_rows(const PreparedRequest& req, const Shard& sh, const SpSelection& sel,
+               const KvWork& w, int P) {
+    const int me = sh.rank;
     const std::vector<int>& runs = w.runs[me];
-    const int n = int(runs.size()), n_kept = w.n_kept[me];
-    const int n_help = n - n_kept;
-    // Tokens of this shard that helpers run, grouped by helper rank (the order in which their
-    // queries arrive and their partials leave).
-    std::vector<int> helped;
-    std::vector<size_t> helped_count(P, 0), help_count(P, 0);
+    KvRows x;
+    x.n = int(runs.size());
+    x.n_kept = w.n_kept[me];
+    x.helped_count.assign(P, 0);
+    x.help_count.assign(P, 0);
+    x.help_first.assign(P, x.n_kept);
     for (int r = 0; r < P; ++r) {
         if (r == me) continue;
         for (int i = w.n_kept[r]; i < int(w.runs[r].size()); ++i) {
             const int t = w.runs[r][i];
             if (sh.owner(sel.selected[t]) == me) {
-                helped.push_back(t);
-                helped_count[r]++;
+                x.helped.push_back(t);
+                x.helped_count[r]++;
             }
         }
     }
-    for (int i = n_kept; i < n; ++i) help_count[sh.owner(sel.selected[runs[i]])]++;
-    const int n_helped = int(helped.size());
-
-    // This rank's rows: tokens, positions, slots, input to sel.first_layer.
-    std::vector<int32_t> tok(n), pos(n), slot(n), helped_pos(n_helped);
-    for (int i = 0; i < n; ++i) {
+    for (int i = x.n_kept; i < x.n; ++i) x.help_count[sh.owner(sel.selected[runs[i]])]++;
+    for (int o = 0, at = x.n_kept; o < P; ++o) {
+        x.help_first[o] = at;
+        at += int(x.help_count[o]);
+    }
+    for (int i = 0; i < x.n; ++i) {
         const int g = sel.selected[runs[i]];
-        tok[i] = sh.token(req, g);
-        pos[i] = sh.gpos[g];
-        slot[i] = w.slot[runs[i]];
+        x.tok.push_back(sh.token(req, g));
+        x.pos.push_back(sh.gpos[g]);
+        x.slot.push_back(w.slot[runs[i]]);
     }
-    for (int i = 0; i < n_helped; ++i) helped_pos[i] = sh.gpos[sel.selected[helped[i]]];
-    const size_t m = size_t(std::max(1, n));
-    Buffer h = be.alloc_floats(m * c.n_embd);
-    Buffer q = be.alloc_floats(m * qd);
-    Buffer kv = be.alloc_floats(m * 2 * row);
-    Buffer out = be.alloc_floats(m * qd);
-    Buffer lse = be.alloc_floats(m * H);
-    float* k_rows = kv.data();
-    float* v_rows = kv.data() + m * row;
-    const bool any_moved = w.plan.moved > 0;
-    if (sel.first_layer == 0) {
-        model.embed(tok.data(), n, h.data());
-    } else {
-        for (int i = 0; i < n_kept; ++i) {
-            const int at = sel.selected[runs[i]] - sh.own_begin;
-            be.copy(h.data() + size_t(i) * c.n_embd, sel.own_hidden.data() + size_t(at) * c.n_embd,
-                    sizeof(float) * c.n_embd);
-        }
-        if (any_moved) {  // helped tokens' input travels once from owner to helper
-            const size_t hb = sizeof(float) * c.n_embd;
-            Buffer send = be.alloc(std::max<size_t>(1, size_t(n_helped) * hb));
-            std::vector<size_t> sb(P), rbytes(P);
-            for (int i = 0; i < n_helped; ++i) {
-                const int at = sel.selected[helped[i]] - sh.own_begin;
-                be.copy(static_cast<char*>(static_cast<void*>(send.data())) + size_t(i) * hb,
-                        sel.own_hidden.data() + size_t(at) * c.n_embd, hb);
-            }
-            for (int p = 0; p < P; ++p) {
-                sb[p] = helped_count[p] * hb;
-                rbytes[p] = help_count[p] * hb;
-            }
-            all_to_all_v_backend(comm, be, send.data(), sb, h.data() + size_t(n_kept) * c.n_embd,
-                                 rbytes);
-        }
-    }
+    for (int t : x.helped) x.helped_pos.push_back(sh.gpos[sel.selected[t]]);
+    return x;
+}
 
+// The rows' scratch and the exchange buffers of the moved tokens: queries in, partials (out,
+// then lse, per row) out and back.
+struct KvBuffers {
+    Buffer h, q, kv, out, lse;  // [n, n_embd], [n, qd], [k rows | v rows], [n, qd], [n, H]
+    float* k_rows = nullptr;
+    float* v_rows = nullptr;
+    Buffer q_in, st_own, st_send, st_recv;
+    std::vector<size_t> q_send, q_recv, st_sb, st_rb;  // [P] bytes to / from each rank
+};
+
+KvBuffers kv_buffers(Backend& be, const ModelConfig& c, int row, const KvRows& x, int P) {
+    const int H = c.n_head, D = c.head_dim, qd = H * D;
+    const size_t m = size_t(std::max(1, x.n)), state = size_t(H) * (D + 1);
+    const size_t helped = size_t(x.n_helped()), help = size_t(x.n_help());
+    KvBuffers b;
+    b.h = be.alloc_floats(m * c.n_embd);
+    b.q = be.alloc_floats(m * qd);
+    b.kv = be.alloc_floats(m * 2 * row);
+    b.out = be.alloc_floats(m * qd);
+    b.lse = be.alloc_floats(m * H);
+    b.k_rows = b.kv.data();
+    b.v_rows = b.kv.data() + m * row;
+    b.q_in = be.alloc_floats(std::max<size_t>(1, helped * qd));
+    b.st_own = be.alloc_floats(std::max<size_t>(1, helped * state));
+    b.st_send = be.alloc_floats(std::max<size_t>(1, helped * state));
+    b.st_recv = be.alloc_floats(std::max<size_t>(1, help * state));
+    b.q_send.resize(P);
+    b.q_recv.resize(P);
+    b.st_sb.resize(P);
+    b.st_rb.resize(P);
+    for (int p = 0; p < P; ++p) {
+        b.q_send[p] = x.help_count[p] * qd * sizeof(float);
+        b.q_recv[p] = x.helped_count[p] * qd * sizeof(float);
+        b.st_sb[p] = x.helped_count[p] * state * sizeof(float);
+        b.st_rb[p] = x.help_count[p] * state * sizeof(float);
+    }
+    return b;
+}
+
+// The rows' input to sel.first_layer: their embeddings, or CacheBlend's layer-0 output, which
+// travels once from the owner to the helper of a moved token.
+void load_inputs(Model& model, Communicator& comm, const Shard& sh, const SpSelection& sel,
+                 const KvWork& w, const KvRows& x, KvBuffers& b) {
+    const ModelConfig& c = model.config();
+    Backend& be = model.backend();
+    if (sel.first_layer == 0) {
+        model.embed(x.tok.data(), x.n, b.h.data());
+        return;
+    }
+    const std::vector<int>& runs = w.runs[sh.rank];
+    for (int i = 0; i < x.n_kept; ++i) {
+        const int at = sel.selected[runs[i]] - sh.own_begin;
+        be.copy(b.h.data() + size_t(i) * c.n_embd, sel.own_hidden.data() + size_t(at) * c.n_embd,
+                sizeof(float) * c.n_embd);
+    }
+    if (w.plan.moved == 0) return;
+    const int P = comm.size();
+    const size_t hb = sizeof(float) * c.n_embd;
+    Buffer send = be.alloc(std::max<size_t>(1, size_t(x.n_helped()) * hb));
+    std::vector<size_t> sb(P), rbytes(P);
+    for (int i = 0; i < x.n_helped(); ++i) {
+        const int at = sel.selected[x.helped[i]] - sh.own_begin;
+        be.copy(static_cast<char*>(static_cast<void*>(send.data())) + size_t(i) * hb,
+                sel.own_hidden.data() + size_t(at) * c.n_embd, hb);
+    }
+    for (int p = 0; p < P; ++p) {
+        sb[p] = x.helped_count[p] * hb;
+        rbytes[p] = x.help_count[p] * hb;
+    }
+    all_to_all_v_backend(comm, be, send.data(), sb, b.h.data() + size_t(x.n_kept) * c.n_embd,
+                         rbytes);
+}
+
+// For each owner this rank helps: the second key set of its tokens (chunk 0 and the selected
+// tokens outside the owner's shard).
+std::vector<std::unique_ptr<HelperKeys>> helper_keys(Backend& be, const ModelConfig& c,
+                                                     const KvCache& cache, const Shard& sh,
+                                                     const SpSelection& sel, const KvWork& w,
+                                                     const KvRows& x) {
+    const int P = int(x.help_count.size());
+    std::vector<std::unique_ptr<HelperKeys>> keys(P);
+    for (int o = 0; o < P; ++o) {
+        if (x.help_count[o] == 0) continue;
+        std::vector<int32_t> slots;
+        for (int i = 0; i < int(sel.selected.size()); ++i) {
+            if (sh.owner(sel.selected[i]) != o) slots.push_back(w.slot[i]);
+        }
+        keys[o] = std::make_unique<HelperKeys>(be, c, cache, sh.c0, slots);
+    }
+    return keys;
+}
+
+// One layer of the moved tokens' attention after their queries arrived: as owner, the helped
+// rows over this shard, their partials sent back; as helper, the rows run for other owners over
+// the second key set, merged (§5.3) with the owner's partial.
+void moved_attention(Backend& be, Communicator& comm, const ModelConfig& c, KvCache& cache,
+                     const Shard& sh, int l, const KvRows& x, KvBuffers& b,
+                     std::vector<std::unique_ptr<HelperKeys>>& keys, AttnParams& ap) {
+    const int P = comm.size(), H = c.n_head, D = c.head_dim, qd = H * D;
+    const int helped = x.n_helped();
+    const size_t state = size_t(H) * (D + 1);
+    cache.attn_kv(l, sh.c0, ap);
+    ap.k_pos = cache.pos_data() + sh.c0;
+    ap.n_kv = sh.own_end - sh.own_begin;
+    partial_attention(be, ap, b.q_in.data(), x.helped_pos.data(), helped, b.st_own.data(),
+                      b.st_own.data() + size_t(helped) * qd);
+    for (int r = 0, at = 0; r < P; ++r) {  // packed per helper: its rows' out, then their lse
+        const size_t cnt = x.helped_count[r];
+        float* dst = b.st_send.data() + size_t(at) * state;
+        be.copy(dst, b.st_own.data() + size_t(at) * qd, cnt * qd * sizeof(float));
+        be.copy(dst + cnt * qd, b.st_own.data() + size_t(helped) * qd + size_t(at) * H,
+                cnt * H * sizeof(float));
+        at += int(cnt);
+    }
+    for (int o = 0; o < P; ++o) {
+        if (!keys[o]) continue;
+        const int at = x.help_first[o];
+        keys[o]->load(l, ap);
+        partial_attention(be, ap, b.q.data() + size_t(at) * qd, x.pos.data() + at,
+                          int(x.help_count[o]), b.out.data() + size_t(at) * qd,
+                          b.lse.data() + size_t(at) * H);
+    }
+    all_to_all_v_backend(comm, be, b.st_send.data(), b.st_sb, b.st_recv.data(), b.st_rb);
+    for (int o = 0, blk = 0; o < P; ++o) {
+        const size_t cnt = x.help_count[o];
+        if (cnt == 0) continue;
+        const int at = x.help_first[o];
+        const float* s = b.st_recv.data() + size_t(blk) * state;
+        be.lse_merge(b.out.data() + size_t(at) * qd, b.lse.data() + size_t(at) * H, s,
+                     s + cnt * qd, int(cnt) * H, D);
+        blk += int(cnt);
+    }
+}
+
+void report_plan(const KvWork& w, const BalanceModel& bm, const std::string& link,
+                 MethodResult* result) {
+    if (!result) return;
+    result->recompute_load = w.plan.load;
+    result->recompute_load_owned = w.plan.owned;
+    result->recompute_moved = w.plan.moved;
+    RecomputePlanReport& rp = result->recompute_plan;
+    rp.planned = true;
+    rp.mode = balance_mode_name(w.plan.mode);
+    rp.link = link;
+    rp.alpha_us = bm.link.alpha_us;
+    rp.beta_gbs = bm.link.beta_gbs;
+    rp.gmacs = bm.gmacs;
+    rp.model_ms = w.plan.cost.ms;
+    rp.owned_model_ms = w.plan.owned_cost.ms;
+    rp.sent = w.plan.cost.sent;
+    rp.recv = w.plan.cost.recv;
+    rp.owned_sent = w.plan.owned_cost.sent;
+    rp.owned_recv = w.plan.owned_cost.recv;
+}
+
+}  // namespace
+
+void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, const Shard& sh,
+                  const SpSelection& sel, KvCache& cache, const Config& cfg,
+                  MethodResult* result) {
+    if (sel.selected.empty()) return;
+    const ModelConfig& c = model.config();
+    Backend& be = model.backend();
+    const int P = comm.size();
+    std::string link;
+    const BalanceModel bm = balance_model(model, comm, cfg, cache, sel, &link);
+    const KvWork w = kv_work(sh, sel, P, recompute_cost(c), balance_mode(cfg.parallel.balance),
+                             bm, cache);
+    report_plan(w, bm, link, result);
+    const KvRows x = kv_rows(req, sh, sel, w, P);
+    KvBuffers b = kv_buffers(be, c, cache.row(), x, P);
+    load_inputs(model, comm, sh, sel, w, x, b);
     // Layers before first_layer (CacheBlend: layer 0) are not recomputed; each owner sends its
     // selected tokens' K/V as they are. From first_layer on, each runner sends what it computed.
     std::unique_ptr<KvExchange> by_owner;
     if (sel.first_layer > 0)
         by_owner = std::make_unique<KvExchange>(comm, be, cache, w.slot, w.owns);
     KvExchange by_runner(comm, be, cache, w.slot, w.runs);
-
-    // Helped tokens: the second key set, per owner, and the exchange buffers of the queries (to
-    // the owners) and the partials (back to the helpers).
-    std::vector<std::unique_ptr<HelperKeys>> helper_keys(P);
-    std::vector<int> help_first(P, n_kept);
-    for (int o = 0, at = n_kept; o < P; ++o) {
-        help_first[o] = at;
-        at += int(help_count[o]);
-        if (help_count[o] == 0) continue;
-        std::vector<int32_t> keys;  // selected tokens outside o's shard
-        for (int i = 0; i < int(sel.selected.size()); ++i) {
-            if (sh.owner(sel.selected[i]) != o) keys.push_back(w.slot[i]);
-        }
-        helper_keys[o] = std::make_unique<HelperKeys>(be, c, cache, sh.c0, keys);
-    }
-    const size_t state = size_t(H) * (D + 1);  // a partial per row: out, then lse
-    Buffer q_in = be.alloc_floats(std::max<size_t>(1, size_t(n_helped) * qd));
-    Buffer st_own = be.alloc_floats(std::max<size_t>(1, size_t(n_helped) * state));
-    Buffer st_send = be.alloc_floats(std::max<size_t>(1, size_t(n_helped) * state));
-    Buffer st_recv = be.alloc_floats(std::max<size_t>(1, size_t(n_help) * state));
-    std::vector<size_t> q_send(P), q_recv(P), st_sb(P), st_rb(P);
-    for (int p = 0; p < P; ++p) {
-        q_send[p] = help_count[p] * qd * sizeof(float);
-        q_recv[p] = helped_count[p] * qd * sizeof(float);
-        st_sb[p] = helped_count[p] * state * sizeof(float);
-        st_rb[p] = help_count[p] * state * sizeof(float);
-    }
-
+    auto keys = helper_keys(be, c, cache, sh, sel, w, x);
+    const bool any_moved = w.plan.moved > 0;
+    const int qd = c.n_head * c.head_dim;
     AttnParams ap;
     ap.n_head = c.n_head;
     ap.n_head_kv = c.n_head_kv;
     ap.head_dim = c.head_dim;
-    const int own_len = sh.own_end - sh.own_begin;
     for (int l = 0; l < c.n_layer; ++l) {
         if (l < sel.first_layer) {
             by_owner->run(l);
             continue;
         }
         // New K/V go into the cache first (§3.5), then to every other rank.
-        model.layer_qkv(l, h.data(), n, pos.data(), q.data(), k_rows, v_rows);
-        cache.write_rows(l, slot.data(), k_rows, v_rows, n);
+        model.layer_qkv(l, b.h.data(), x.n, x.pos.data(), b.q.data(), b.k_rows, b.v_rows);
+        cache.write_rows(l, x.slot.data(), b.k_rows, b.v_rows, x.n);
         by_runner.run(l);
-        if (any_moved) {  // helped tokens' queries to their owners
-            all_to_all_v_backend(comm, be, q.data() + size_t(n_kept) * qd, q_send, q_in.data(),
-                                 q_recv);
+        if (any_moved) {  // moved tokens' queries to their owners
+            all_to_all_v_backend(comm, be, b.q.data() + size_t(x.n_kept) * qd, b.q_send,
+                                 b.q_in.data(), b.q_recv);
         }
-        // Own tokens: every key this rank holds.
+        // Own tokens: every key this rank holds; their outputs are final (no lse needed).
         cache.attn_kv(l, 0, ap);
         ap.k_pos = cache.pos_data();
         ap.n_kv = cache.size();
-        // Their outputs are final: no normalizer to merge, so none is computed.
-        partial_attention(be, ap, q.data(), pos.data(), n_kept, out.data(), nullptr);
-        if (!any_moved) {
-            model.layer_post(l, h.data(), out.data(), n);
-            continue;
-        }
-        // Tokens of this shard run by helpers: their attention over this shard.
-        cache.attn_kv(l, sh.c0, ap);
-        ap.k_pos = cache.pos_data() + sh.c0;
-        ap.n_kv = own_len;
-        partial_attention(be, ap, q_in.data(), helped_pos.data(), n_helped, st_own.data(),
-                          st_own.data() + size_t(n_helped) * qd);
-        // Packed per helper: its rows' out, then their lse.
-        for (int r = 0, at = 0; r < P; ++r) {
-            const size_t cnt = helped_count[r];
-            float* dst = st_send.data() + size_t(at) * state;
-            be.copy(dst, st_own.data() + size_t(at) * qd, cnt * qd * sizeof(float));
-            be.copy(dst + cnt * qd, st_own.data() + size_t(n_helped) * qd + size_t(at) * H,
-                    cnt * H * sizeof(float));
-            at += int(cnt);
-        }
-        // Tokens this rank helps: their attention over the second key set, per owner.
-        for (int o = 0; o < P; ++o) {
-            if (!helper_keys[o]) continue;
-            const int at = help_first[o];
-            helper_keys[o]->load(l, ap);
-            partial_attention(be, ap, q.data() + size_t(at) * qd, pos.data() + at,
-                              int(help_count[o]), out.data() + size_t(at) * qd,
-                              lse.data() + size_t(at) * H);
-        }
-        all_to_all_v_backend(comm, be, st_send.data(), st_sb, st_recv.data(), st_rb);
-        for (int o = 0, blk = 0; o < P; ++o) {
-            const size_t cnt = help_count[o];
-            if (cnt == 0) continue;
-            const int at = help_first[o];
-            const float* s = st_recv.data() + size_t(blk) * state;
-            be.lse_merge(out.data() + size_t(at) * qd, lse.data() + size_t(at) * H, s, s + cnt * qd,
-                         int(cnt) * H, D);
-            blk += int(cnt);
-        }
-        model.layer_post(l, h.data(), out.data(), n);
+        partial_attention(be, ap, b.q.data(), x.pos.data(), x.n_kept, b.out.data(), nullptr);
+        if (any_moved) moved_attention(be, comm, c, cache, sh, l, x, b, keys, ap);
+        model.layer_post(l, b.h.data(), b.out.data(), x.n);
     }
 }
 

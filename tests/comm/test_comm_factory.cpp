@@ -1,6 +1,7 @@
 // The factory's choice of communicator (comm_choice) for every kind, backend and combination of
 // what is built (MPI, NCCL) and running (MPI initialized, launcher size), against the rules of
 // make_communicator in comm/communicator.h, restated here case by case.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 
@@ -16,6 +17,7 @@ CommWorld world(bool have_mpi, bool have_nccl, bool mpi_up, int launcher) {
     w.have_nccl = have_nccl;
     w.mpi_up = mpi_up;
     w.launcher_size = launcher;
+    w.mpi_size = mpi_up ? std::max(1, launcher) : 0;
     return w;
 }
 
@@ -67,14 +69,23 @@ TEST_CASE("comm_choice: nccl over MPI or over one rank", "[comm][factory]") {
                                       "must hold init_comm())"));
 }
 
-TEST_CASE("comm_choice: auto picks nccl for cuda when built", "[comm][factory]") {
+TEST_CASE("comm_choice: auto picks nccl for cuda when built, on more than one rank",
+          "[comm][factory]") {
     std::string host;
-    // cuda backend, NCCL built.
+    // cuda backend, NCCL built, several ranks.
     CHECK(comm_choice("auto", "cuda", world(true, true, true, 4), &host) == "nccl");
     CHECK(host == "mpi");
-    CHECK(comm_choice("auto", "cuda", world(true, true, false, 0), &host) == "nccl");
-    CHECK(host == "self");
-    CHECK(comm_choice("auto", "cuda", world(false, true, false, 0), &host) == "nccl");
+    CHECK(comm_choice("auto", "cuda", world(true, true, true, 2), &host) == "nccl");
+    // One rank moves nothing between GPUs: NCCL is not brought up (no library, no bootstrap),
+    // whether MPI runs (mpirun -np 1) or not.
+    CHECK(comm_choice("auto", "cuda", world(true, true, false, 0), &host) == "self");
+    CHECK(host.empty());
+    CHECK(comm_choice("auto", "cuda", world(false, true, false, 0), &host) == "self");
+    CHECK(comm_choice("auto", "cuda", world(false, true, false, 1), &host) == "self");
+    CHECK(comm_choice("auto", "cuda", world(true, true, true, 1), &host) == "mpi");
+    CHECK(host.empty());
+    // Asked for by name, NCCL still runs on one rank.
+    CHECK(comm_choice("nccl", "cuda", world(false, true, false, 0), &host) == "nccl");
     CHECK(host == "self");
     // cuda backend without NCCL: the host communicators.
     CHECK(comm_choice("auto", "cuda", world(true, false, true, 4), &host) == "mpi");

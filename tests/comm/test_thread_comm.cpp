@@ -111,7 +111,7 @@ TEST_CASE("timeline: 3 ranks, two phases, BSP critical path by hand", "[comm_mod
     }
 }
 
-TEST_CASE("timeline: messages overlap compute; one link carries one message at a time",
+TEST_CASE("timeline: messages overlap compute, one link carries one message at a time",
           "[comm_model]") {
     VirtualTimeline t(2);
     // Both ranks post a message of cost 2 to the other at t = 0, then compute 3 and 1.
@@ -358,7 +358,7 @@ TEST_CASE("thread comm: gather_stats and check_same_config run over virtual rank
     }
 }
 
-TEST_CASE("thread comm: one rank computes at a time; segments and collectives on the timeline",
+TEST_CASE("thread comm: one rank computes at a time, segments and collectives on the timeline",
           "[thread_comm]") {
     using namespace std::chrono;
     const int p = 3;
@@ -413,6 +413,45 @@ TEST_CASE("thread comm: one rank computes at a time; segments and collectives on
     CHECK(cp[0].second + cp[1].second == Approx(end_b + link.barrier_ms(3)).margin(1.0));
     CHECK(cp[1].second >= 40 + link.barrier_ms(3));  // rank 0 slept 40 ms
     CHECK(t.phases(0)[1].compute_ms >= 10);
+}
+
+TEST_CASE("thread comm: test() on a message in flight leaves the clock, compute overlaps it",
+          "[thread_comm]") {
+    // 1e6 bytes at 0.01 GB/s: the message takes 100 ms of virtual time. Rank 0 posts it before a
+    // barrier; after the barrier both ranks test() (the ring's early start) and rank 1 computes
+    // 30 ms before it waits: in virtual time the test finds the message still in flight, moves
+    // no clock, and the 30 ms run under the transfer (rank 1 leaves at ~100 ms, not 130).
+    using namespace std::chrono;
+    LinkModel link;
+    link.alpha_us = 1.0;
+    link.beta_gbs = 0.01;
+    ThreadWorld w(2, link);
+    bool tested[2] = {true, true};
+    std::vector<uint8_t> msg(1000000, 7), got(msg.size());
+    w.run([&](Communicator& c) {
+        c.set_phase("p2p");
+        Request r;
+        if (c.rank() == 0) r = c.isend(msg.data(), msg.size(), 1, 3);
+        c.barrier();
+        if (c.rank() == 1) r = c.irecv(got.data(), got.size(), 0, 3);
+        tested[c.rank()] = r.test();
+        if (c.rank() == 1) std::this_thread::sleep_for(milliseconds(30));
+        r.wait();
+        c.set_phase("other");
+    });
+    CHECK_FALSE(tested[0]);
+    CHECK_FALSE(tested[1]);
+    CHECK(got == msg);
+    const VirtualTimeline& t = w.timeline();
+    for (int r = 0; r < 2; ++r) {
+        const auto ph = t.phases(r);
+        REQUIRE(ph.size() >= 2);
+        CAPTURE(r, ph[1].compute_ms, ph[1].wait_ms);
+        CHECK(ph[1].phase == "p2p");
+        CHECK(ph[1].exit_ms == Approx(100.0).margin(10.0));
+    }
+    CHECK(t.phases(1)[1].compute_ms >= 30.0);
+    CHECK(t.phases(1)[1].wait_ms < 75.0);  // ~70 ms: the transfer less the compute under it
 }
 
 TEST_CASE("thread comm: a failing rank ends the run with its own error, nobody hangs",

@@ -172,6 +172,13 @@ TEST_CASE("nccl: watchdog message names the operation, the phase and the deadlin
           "NCCL isend to rank 1, irecv from rank 3 in phase ring did not complete within 2.5 s");
 }
 
+TEST_CASE("nccl: the start-up deadline's message names the key and what went wrong", "[nccl]") {
+    CHECK(nccl_init_timeout_message(1.0, 1.04) ==
+          "communicator 'nccl': NCCL initialization (ncclCommInitRankConfig) did not complete "
+          "within parallel.startup_timeout_s = 1 s (waited 1.0 s): a rank did not arrive or "
+          "NCCL's bootstrap could not connect");
+}
+
 TEST_CASE("nccl: constructor argument checks", "[nccl]") {
     CHECK_THROWS_WITH(make_nccl_communicator(nullptr, 10.0),
                       Catch::Contains("no host communicator"));
@@ -180,6 +187,8 @@ TEST_CASE("nccl: constructor argument checks", "[nccl]") {
         CAPTURE(bad);
         CHECK_THROWS_WITH(make_nccl_communicator(make_self_communicator(), bad),
                           Catch::Contains("must be > 0"));
+        CHECK_THROWS_WITH(make_nccl_communicator(make_self_communicator(), 10.0, bad),
+                          Catch::Contains("start-up timeout"));
     }
 }
 
@@ -194,7 +203,8 @@ TEST_CASE("nccl: the factory without a device fails with a clear message", "[ncc
         auto c = make_communicator("nccl", opts);
         CHECK(std::string(c->kind()) == "nccl");
         CHECK(c->memory_space() == MemorySpace::device);
-        CHECK(std::string(make_communicator("auto", opts)->kind()) == "nccl");
+        // One rank with the cuda backend: "auto" leaves NCCL alone.
+        CHECK(std::string(make_communicator("auto", opts)->kind()) == "self");
         return;
     }
     CHECK_FALSE(why.empty());
@@ -202,7 +212,10 @@ TEST_CASE("nccl: the factory without a device fails with a clear message", "[ncc
                                                      Catch::Contains("no CUDA device visible"));
     CommOptions opts;
     opts.backend = "cuda";
-    CHECK_THROWS_WITH(make_communicator("auto", opts), Catch::Contains("no CUDA device visible"));
+    CHECK_THROWS_WITH(make_communicator("nccl", opts), Catch::Contains("no CUDA device visible"));
+    // One rank with the cuda backend: "auto" does not bring NCCL up (nothing moves between GPUs),
+    // so a missing device or libnccl cannot stop it here.
+    CHECK(std::string(make_communicator("auto", opts)->kind()) == "self");
     // After the failures the process is still usable: host pointers still classify.
     int x = 0;
     CHECK(classify_pointer(&x) == PointerSpace::host);

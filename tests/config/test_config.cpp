@@ -125,6 +125,10 @@ exchange = "exact"
 emulate_ranks = 4
 virtual_ranks = 1
 balance = false
+link = "tcp"
+link_alpha_us = 50
+link_gbs = 2.5
+compute_gmacs = 120
 placement = "tokens"
 timeout_s = 30.5
 startup_timeout_s = 20
@@ -136,6 +140,8 @@ max_new_tokens = 7
 temperature = 0.7
 seed = 42
 top_k = 40
+top_p = 0.9
+logit_bias = [[2, -100.0], [7, 1.5]]
 [niah]
 lengths = [1000, 2000]
 depths = [0, 0.5, 1]
@@ -182,6 +188,19 @@ path = "cache/kv.h5"
 mode = "read-write"
 dtype = "f32"
 compression = 3
+[serve]
+host = "0.0.0.0"
+port = 9000
+api_key = "k3y"
+api_key_env = "MY_KEY"
+allow_unauthenticated = true
+queue_size = 4
+max_body_bytes = 4096
+max_tokens = 64
+request_timeout_s = 10.0
+heartbeat_s = 0.5
+http_threads = 8
+model_name = "m"
 [output]
 path = "out/r.json"
 csv = "out/r.csv"
@@ -235,7 +254,11 @@ TEST_CASE("defaults follow docs/design.md", "[cpu][config]") {
     CHECK(c.parallel.comm == C::Comm::automatic);
     CHECK(c.parallel.exchange == C::Exchange::kv);
     CHECK(c.parallel.emulate_ranks == 0);
-    CHECK(c.parallel.balance);
+    CHECK(c.parallel.balance == C::Balance::automatic);
+    CHECK(c.parallel.link == C::LinkKind::automatic);
+    CHECK(c.parallel.link_alpha_us == 0.0);
+    CHECK(c.parallel.link_gbs == 0.0);
+    CHECK(c.parallel.compute_gmacs == 0.0);
     CHECK(c.parallel.placement == C::Placement::chunks);
     CHECK(c.parallel.timeout_s == 600.0);
     CHECK(c.parallel.startup_timeout_s == 300.0);
@@ -293,7 +316,11 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.parallel.exchange == C::Exchange::exact);
     CHECK(c.parallel.emulate_ranks == 4);
     CHECK(c.parallel.virtual_ranks == 1);
-    CHECK_FALSE(c.parallel.balance);
+    CHECK(c.parallel.balance == C::Balance::off);
+    CHECK(c.parallel.link == C::LinkKind::tcp);
+    CHECK(c.parallel.link_alpha_us == 50.0);
+    CHECK(c.parallel.link_gbs == 2.5);
+    CHECK(c.parallel.compute_gmacs == 120.0);
     CHECK(c.parallel.placement == C::Placement::tokens);
     CHECK(c.parallel.timeout_s == 30.5);
     CHECK(c.parallel.startup_timeout_s == 20.0);
@@ -459,13 +486,27 @@ TEST_CASE("out-of-range values and bad enum names", "[cpu][config]") {
           "niah.depths[1] at x.toml:2: must be in [0, 1], got 2");
     CHECK(error_of([] { parse("[chunking]\nsink = \"\"\n"); }) ==
           "chunking.sink at x.toml:2: must not be empty");
+    CHECK(error_of([] { parse("[decode]\ntop_p = 0\n"); }) ==
+          "decode.top_p at x.toml:2: must be in [1e-06, 1], got 0");
+    CHECK(error_of([] { parse("[decode]\nlogit_bias = [[2, -100], [3]]\n"); }) ==
+          "decode.logit_bias[1] at x.toml:2: expected [token id, bias]");
+    CHECK(error_of([] { parse("[decode]\nlogit_bias = [[2, -101]]\n"); }) ==
+          "decode.logit_bias[0] at x.toml:2: must be in [-100, 100], got -101");
+    CHECK(error_of([] { parse("[decode]\nlogit_bias = [[2, 1], [2, 3]]\n"); }) ==
+          "decode.logit_bias[1] at x.toml:2: token id 2 is listed twice");
+    CHECK(error_of([] { parse("[serve]\nqueue_size = 0\n"); }) ==
+          "serve.queue_size at x.toml:2: must be >= 1, got 0");
+    CHECK(error_of([] { parse("[serve]\nport = 70000\n"); }) ==
+          "serve.port at x.toml:2: must be in [0, 65535], got 70000");
+    CHECK(error_of([] { parse("[serve]\nhost = \"\"\n"); }) ==
+          "serve.host at x.toml:2: must not be empty");
 
     CHECK(error_of([] { parse("\n[method]\nname = \"infoflw\"\n"); }) ==
           "method.name at x.toml:3: 'infoflw' is not one of "
           "full|none|infoflow|cacheblend|epic|ring|reform|h2o|streamingllm");
     CHECK(error_of([] { parse("job = \"bench\"\n"); }) ==
           "job at x.toml:1: 'bench' is not one of answer|niah|eval|bench-ttft|cache-build|"
-          "reform-heads|sweep");
+          "reform-heads|sweep|serve");
     CHECK(error_of([] { parse("[scoring]\nlayout = \"hl_tp\"\n"); }) ==
           "scoring.layout at x.toml:2: 'hl_tp' is not one of global|hl-tp|hl-hp|tl-tp");
     CHECK(error_of([] { parse("[niah]\nmethods = [\"full\", \"fast\"]\n"); }) ==
@@ -474,6 +515,40 @@ TEST_CASE("out-of-range values and bad enum names", "[cpu][config]") {
     CHECK(error_of([] { parse("[request]\ndocuments_file = \"docs.csv\"\n"); }) ==
           "request.documents_file at x.toml:2: 'docs.csv' must be a .jsonl or .txt file, or a "
           "folder of .txt files ending in '/'");
+}
+
+TEST_CASE("parallel.balance takes a boolean or \"auto\"", "[cpu][config]") {
+    using C = Config;
+    CHECK(parse("").parallel.balance == C::Balance::automatic);
+    CHECK(parse("[parallel]\nbalance = true\n").parallel.balance == C::Balance::on);
+    CHECK(parse("[parallel]\nbalance = false\n").parallel.balance == C::Balance::off);
+    CHECK(parse("[parallel]\nbalance = \"auto\"\n").parallel.balance == C::Balance::automatic);
+    CHECK(parse("", {"parallel.balance=true"}).parallel.balance == C::Balance::on);
+    CHECK(parse("", {"parallel.balance=auto"}).parallel.balance == C::Balance::automatic);
+    CHECK(parse("[parallel]\nbalance = false\n").to_json()["parallel"]["balance"] == false);
+    CHECK(parse("").to_json()["parallel"]["balance"] == "auto");
+    CHECK(error_of([] { parse("[parallel]\nbalance = \"maybe\"\n"); }) ==
+          "parallel.balance at x.toml:2: 'maybe' is not one of auto|true|false");
+    CHECK(error_of([] { parse("[parallel]\nbalance = 1\n"); }) ==
+          "parallel.balance at x.toml:2: expected a boolean or \"auto\", got integer");
+    CHECK(error_of([] { parse("", {"parallel.link=ethernet"}); }) ==
+          "--set parallel.link: 'ethernet' is not one of auto|shm|tcp|ib|nvlink");
+}
+
+TEST_CASE("a server's heartbeat must come before the watchdog's deadline", "[cpu][config]") {
+    // Idle ranks wait for rank 0's heartbeat in a collective; a period at or above
+    // parallel.timeout_s would make the watchdog end an idle server.
+    CHECK(error_of([] {
+              parse("job = \"serve\"\n[parallel]\ntimeout_s = 5\n[serve]\nheartbeat_s = 5\n");
+          }) ==
+          "serve.heartbeat_s at x.toml:5: must be below parallel.timeout_s (5 s), or idle "
+          "ranks would trip the watchdog between heartbeats; got 5");
+    CHECK_NOTHROW(parse("job = \"serve\"\n[parallel]\ntimeout_s = 5\n[serve]\nheartbeat_s = 4\n"));
+    // Other jobs do not serve: the key is not checked against the deadline there.
+    CHECK_NOTHROW(parse("[parallel]\ntimeout_s = 5\n[serve]\nheartbeat_s = 9\n"));
+    const Config c = parse("[decode]\nlogit_bias = [[2, -100], [7, 1.5]]\ntop_p = 0.5\n");
+    CHECK(c.decode.logit_bias == std::vector<std::pair<int, double>>{{2, -100.0}, {7, 1.5}});
+    CHECK(c.decode.top_p == 0.5);
 }
 
 TEST_CASE("keys that exclude each other", "[cpu][config]") {

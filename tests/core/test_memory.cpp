@@ -37,7 +37,7 @@ std::string thp_mode() {
 
 }  // namespace
 
-TEST_CASE("huge-page arena: aligned, disjoint pieces; full is an error", "[cpu][memory]") {
+TEST_CASE("huge-page arena: aligned, disjoint pieces, full is an error", "[cpu][memory]") {
     HugePageArena a(5'000'000);
     CHECK(a.capacity() == 6u << 20);  // rounded up to whole 2 MiB pages
     uint8_t* p = a.take(100);

@@ -93,6 +93,14 @@ class GuardedBackend final : public Backend {
         std::memmove(dst, src, bytes);
     }
     void synchronize() override {}
+    void narrow_kv(KvDtype t, const float* src, size_t n, void* dst) override {
+        Op op(*this);
+        cpu_->narrow_kv(t, src, n, dst);
+    }
+    void widen_kv(KvDtype t, const void* src, size_t n, float* dst) override {
+        Op op(*this);
+        cpu_->widen_kv(t, src, n, dst);
+    }
 
     // ---- weights (fp32, as the CPU stores them, but in this backend's memory) ----
     Buffer load_matrix(const float* host, int rows, int cols) override {

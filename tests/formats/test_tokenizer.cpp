@@ -376,7 +376,7 @@ TEST_CASE("Special tokens are parsed only on request", "[tokenizer]") {
           std::vector<int32_t>{tok.encode("a")[0], 2, 2, tok.encode("b")[0]});
 }
 
-TEST_CASE("decode(encode(s)) == s on random UTF-8; streaming decode agrees", "[tokenizer]") {
+TEST_CASE("decode(encode(s)) == s on random UTF-8, streaming decode agrees", "[tokenizer]") {
     const Tokenizer& tok = smollm2();
     std::mt19937 rng(20240607);
     for (int iter = 0; iter < 3000; ++iter) {

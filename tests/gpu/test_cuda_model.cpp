@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_random_pick.h"
 #include "gpu_util.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/half.h"
@@ -29,10 +30,8 @@ TEST_CASE("cuda random weights: device generator equals the host generator", "[g
     int checked = 0;
     for (const ModelWeights* g : {&g8, &g14}) {
         for (const WeightTensor& t : weight_tensors(*g)) {
-            // Layer 1's matrices and the LM head: every element compared.
-            const bool pick = t.cols > 0 && (t.name.find("layers.1.") != std::string::npos ||
-                                             t.name == "lm_head.weight");
-            if (!pick) continue;
+            // Layer 1's matrices and the LM head (untied models): every element compared.
+            if (!gpu_random_pick(t)) continue;
             RandomMatrixSpec spec;
             spec.key = random_tensor_key(g->seed, t.name);
             spec.scale = random_weight_scale();
@@ -48,7 +47,8 @@ TEST_CASE("cuda random weights: device generator equals the host generator", "[g
             ++checked;
         }
     }
-    CHECK(checked == 2 * 7 + 1);  // llama-3.1-8b is untied, qwen3-14b tied
+    // Both paper models have their own LM head (model_loader.cpp's shape table): 2 * (7 + 1).
+    CHECK(checked == gpu_random_expected(g8.config) + gpu_random_expected(g14.config));
 }
 
 TEST_CASE("cuda random weights: generated models on the GPU match the host models on the CPU",

@@ -6,6 +6,7 @@
 // collective of a case; only CHECK after communication.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -353,6 +354,48 @@ TEST_CASE("nccl gpu: ring of isend/irecv and sendrecv", "[nccl][gpu]") {
         CHECK_THROWS_WITH(rv.wait(), Catch::Contains("posted " + std::to_string(b + 1)));
         CHECK_THROWS(rs.wait());  // its group never started
     }
+}
+
+namespace {
+
+double steady_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+void CUDART_CB note_start(void* at) { *static_cast<double*>(at) = steady_s(); }
+
+}  // namespace
+
+TEST_CASE("nccl gpu: a started transfer runs beside work queued after it (ring overlap)",
+          "[nccl][gpu]") {
+    // A message to self of 8 GiB (a device copy of several ms) is started with test(); then the
+    // caller's stream gets a host function that notes when it runs. On the communicator's own
+    // point-to-point stream the copy does not hold that function back: it starts at once, ms
+    // before the copy is waited for. Were the copy on the caller's stream (stream order), the
+    // function could only start once the copy had finished, i.e. when wait() returns.
+    Communicator& c = *g_nccl;
+    const int r = c.rank();
+    TestStream st;
+    const size_t b = size_t(8) << 30;
+    DevBuf send(b), recv(b);
+    cuda_ok(cudaMemset(send.get(), 7, b), "memset");
+    cuda_ok(cudaDeviceSynchronize(), "sync");
+    double started = 0.0;
+    Request rr = c.irecv(recv.get(), b, r, 11, st.s);
+    Request sr = c.isend(send.get(), b, r, 11, st.s);
+    rr.test();
+    cuda_ok(cudaLaunchHostFunc(st.s, note_start, &started), "host function");
+    rr.wait();
+    sr.wait();
+    const double waited = steady_s();
+    cuda_ok(cudaStreamSynchronize(st.s), "sync");
+    INFO("the host function started " << (waited - started) * 1e3 << " ms before wait returned");
+    CHECK(started > 0.0);
+    CHECK(waited - started > 1e-3);
+    uint8_t tail = 0;
+    cuda_ok(cudaMemcpy(&tail, recv.get() + b - 1, 1, cudaMemcpyDeviceToHost), "download");
+    CHECK(tail == 7);
 }
 
 TEST_CASE("nccl gpu: host buffers go through the host channel after the stream", "[nccl][gpu]") {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../gpu_flashinfer/host/paper_shapes.h"
 #include "kernels/backend.h"
 #include "kernels/device_plan.h"
 #include "kernels/random_init.h"
@@ -78,6 +79,19 @@ TEST_CASE("device plan: attention arguments resolve defaults and reject bad shap
     p.out = nullptr;
     CHECK_THROWS_WITH(check_attention_args(p, 512), Catch::Contains("out"));
 
+    // 16-bit K/V: k16 and v16 are the pointers that must be there, k and v may be null.
+    p = good_attn();
+    static uint16_t half_buf[1];
+    p.kv_dtype = KvDtype::bf16;
+    p.k = p.v = nullptr;
+    p.k16 = p.v16 = half_buf;
+    CHECK_NOTHROW(check_attention_args(p, 512));
+    p.v16 = nullptr;
+    CHECK_THROWS_WITH(check_attention_args(p, 512), Catch::Contains("v16 is required"));
+    p.v16 = half_buf;
+    p.k16 = nullptr;
+    CHECK_THROWS_WITH(check_attention_args(p, 512), Catch::Contains("k16 and k_pos"));
+
     ScoreParams sp;
     static float buf[1];
     static int32_t pos[1];
@@ -94,6 +108,11 @@ TEST_CASE("device plan: attention arguments resolve defaults and reject bad shap
     CHECK(s.scale == 0.25f);
     sp.lse = nullptr;
     CHECK_THROWS_WITH(check_score_args(sp, 512), Catch::Contains("lse"));
+    sp.lse = buf;
+    sp.kv_dtype = KvDtype::f16;
+    sp.k = nullptr;
+    sp.k16 = half_buf;
+    CHECK_NOTHROW(check_score_args(sp, 512));
 }
 
 TEST_CASE("device plan: index arrays pack back to back at aligned offsets", "[plan]") {
@@ -176,4 +195,27 @@ TEST_CASE("backend factory: cuda_device_count and the cuda backend without a dev
     }
     CHECK_THROWS_WITH(make_backend("tpu", 1), Catch::Contains("unknown backend 'tpu'"));
     CHECK(make_backend("cpu", 1)->stream() == nullptr);
+}
+
+TEST_CASE("device plan: the paper's GEMMs map onto int BLAS dimensions", "[plan]") {
+    // Projections and FFN on all N rows of a single-GPU 32K prefill, the LM head on the last row:
+    // every dimension and leading dimension an int, the output's elements far within size_t.
+    for (const test::PaperShape& m : test::kPaperShapes) {
+        for (int n : {8192, 16384, 32768}) {
+            for (const auto& s : std::vector<std::vector<int>>{{n, m.n_embd, m.n_head * m.head_dim},
+                                                               {n, m.n_embd, m.n_ff},
+                                                               {n, m.n_ff, m.n_embd},
+                                                               {1, m.n_embd, m.n_vocab}}) {
+                CAPTURE(m.name, s[0], s[1], s[2]);
+                const GemmPlan g = plan_row_major_matmul(s[0], s[1], s[2]);
+                CHECK(g.M == s[2]);
+                CHECK(g.N == s[0]);
+                CHECK(g.K == s[1]);
+                CHECK(g.lda == s[1]);
+                CHECK(g.ldb == s[1]);
+                CHECK(g.ldc == s[2]);
+                CHECK(uint64_t(g.ldc) * uint64_t(g.N) < (uint64_t(1) << 40));
+            }
+        }
+    }
 }

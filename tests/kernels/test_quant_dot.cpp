@@ -23,6 +23,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/gemm_exact.h"
 #include "kernels/cpu/native_matmul.h"
 #include "kernels/cpu/quant_dot.h"
 #include "runtime/core/half.h"
@@ -272,8 +273,8 @@ TEST_CASE("dot_q8_group and dot_f32_group: each grouped type on each CPU path ag
                 std::vector<Q8Block> xq(size_t(k / 32));
                 qk.quantize_q8(x.data(), xq.data(), k);
                 float got_q8[kRowGroup], got_f32[kRowGroup];
-                qk.dot_q8_group(type, grouped.data(), xq.data(), k, got_q8);
-                qk.dot_f32_group(type, grouped.data(), x.data(), k, got_f32);
+                qk.dot_q8_group(type, grouped.data(), xq.data(), k, 1, got_q8, kRowGroup);
+                qk.dot_f32_group(type, grouped.data(), x.data(), k, k, 1, got_f32, kRowGroup);
                 for (int r = 0; r < kRowGroup; ++r) {
                     const std::vector<float> wf = ref_dequant(type, plain.data() + rb * r, k);
                     // Against double dots on x^ (quantized) and on x (fp32), with the fp32
@@ -329,7 +330,7 @@ TEST_CASE("dot_f32: F32, F16 and BF16 rows on each CPU path against double dots"
     }
 }
 
-TEST_CASE("native_matmul: dot and dequantized-tile paths on each CPU path vs double GEMM",
+TEST_CASE("native_matmul: every type and row count on each CPU path vs double GEMM",
           "[quant]") {
     std::mt19937 rng(13);
     auto be = make_cpu_backend(2);
@@ -337,11 +338,13 @@ TEST_CASE("native_matmul: dot and dequantized-tile paths on each CPU path vs dou
         set_cpu_isa_override(cpu_isa_name(isa));
         for (const uint32_t type : {ggml_id::q4_1, ggml_id::q8_0, ggml_id::q6_k, ggml_id::f16}) {
             const int k = type == ggml_id::q6_k ? 512 : 96;
-            // m: not a multiple of the 16-row tile rounding; n: both sides of the dot threshold.
+            // m: not a multiple of 16 rows; n: 1 to beyond the 32-token block.
             for (const int m : {37, 300}) {
-                for (const int n : {1, 3, kNativeDotMaxTokens, kNativeDotMaxTokens + 1, 70}) {
-                  // fp32 activations (the LM head's products): no 8-bit rounding of x.
-                  for (const bool fa : {false, true}) {
+                for (const int n : {1, 3, 16, 17, 70}) {
+                  // exact (fp32 x, every pass but decode), decode (8-bit x for quantized types)
+                  // and decode_fp32 (the LM head's decode steps, fp32 x).
+                  for (const NativePass pass :
+                       {NativePass::exact, NativePass::decode, NativePass::decode_fp32}) {
                     const std::vector<uint8_t> w = random_rows(rng, type, m, k);
                     const size_t rb = native_row_bytes(type, k);
                     std::vector<float> wf(size_t(m) * k);
@@ -360,7 +363,7 @@ TEST_CASE("native_matmul: dot and dequantized-tile paths on each CPU path vs dou
                     nm.cols = k;
                     nm.row_bytes = rb;
                     nm.data = w.data();
-                    nm.fp32_activations = fa;
+                    nm.pass = pass;
                     std::vector<float> out = prev;
                     be->matmul_native(x.data(), nm, bias.data(), n, out.data(), true);
                     std::vector<float> out_g = prev;
@@ -369,8 +372,8 @@ TEST_CASE("native_matmul: dot and dequantized-tile paths on each CPU path vs dou
                         nm.row_group = kRowGroup;
                         be->matmul_native(x.data(), nm, bias.data(), n, out_g.data(), true);
                     }
-                    // The dot path quantizes x (bound of test "dot_q8"); the tile path is fp32.
-                    const bool q8 = n <= kNativeDotMaxTokens && native_type_quantized(type) && !fa;
+                    // Quantized types quantize x in decode steps (bound of test "dot_q8").
+                    const bool q8 = native_type_quantized(type) && pass == NativePass::decode;
                     double worst = 0.0;
                     for (int i = 0; i < n; ++i) {
                         const float* xi = x.data() + size_t(i) * k;
@@ -397,7 +400,7 @@ TEST_CASE("native_matmul: dot and dequantized-tile paths on each CPU path vs dou
                     }
                     INFO(cpu_isa_name(isa) << " " << type_name(type) << " m=" << m << " n=" << n
                                            << " k=" << k << (grouped ? " (and row groups)" : "")
-                                           << (fa ? " fp32 activations" : "") << " worst err/tol "
+                                           << " pass " << int(pass) << " worst err/tol "
                                            << worst);
                     CHECK(worst <= 1.0);
                   }
@@ -408,39 +411,150 @@ TEST_CASE("native_matmul: dot and dequantized-tile paths on each CPU path vs dou
     set_cpu_isa_override("auto");
 }
 
-TEST_CASE("native_matmul: rows wide enough that each thread takes several short tiles",
+TEST_CASE("native_matmul: a token's outputs are the same bits whatever batch, offset and threads",
           "[quant]") {
-    // A tile holds at most 8 MB of fp32 rows and at least 128 rows: at k = 16640 that is the
-    // 128-row floor, so 300 rows are 4 tiles of 80 on 2 threads (and the last one is not full
-    // on 1 thread: 128 + 128 + 44).
-    std::mt19937 rng(29);
-    const int m = 300, k = 16640, n = kNativeDotMaxTokens + 3;
-    const std::vector<uint8_t> w = random_rows(rng, ggml_id::q4_1, m, k);
-    const size_t rb = native_row_bytes(ggml_id::q4_1, k);
-    std::vector<float> wf(size_t(m) * k);
-    for (int r = 0; r < m; ++r)
-        dequantize_row(ggml_id::q4_1, w.data() + rb * r, wf.data() + size_t(r) * k, k);
-    const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
-    const NativeMatrix nm = plain_matrix(ggml_id::q4_1, m, k, w.data());
-    for (const int threads : {1, 2}) {
-        auto be = make_cpu_backend(threads);
-        std::vector<float> out(size_t(n) * m, 7.0f);
-        be->matmul_native(x.data(), nm, nullptr, n, out.data(), false);
-        double worst = 0.0;
-        for (int i = 0; i < n; ++i) {
-            for (int j = 0; j < m; ++j) {
-                double ref = 0.0, s = 0.0;
-                for (int c = 0; c < k; ++c) {
-                    ref += double(wf[size_t(j) * k + c]) * x[size_t(i) * k + c];
-                    s += std::fabs(double(wf[size_t(j) * k + c]));
+    // The oracle of docs/design.md §6.4 at the kernel level. The exact pass equals
+    // gemm_exact_ref (plain fmaf loops) on the rows the active path dequantizes, bit for bit, and
+    // each token of a batch of n, run alone, in batches of 3, 5 and 17 at other offsets and on 1
+    // or 2 threads, gets exactly the bits it gets in the whole batch; so do the decode passes.
+    // (Before, batches of <= 16 rows took 8-bit activation dots and larger ones a dequantized
+    // fp32 GEMM whose rounding depended on the batch.)
+    std::mt19937 rng(31);
+    for (const CpuIsa isa : isas()) {
+        set_cpu_isa_override(cpu_isa_name(isa));
+        const QuantKernels& qk = quant_kernels(isa);
+        for (const uint32_t type : {ggml_id::q4_0, ggml_id::q4_1, ggml_id::q5_1, ggml_id::q8_0,
+                                    ggml_id::q6_k, ggml_id::f16, ggml_id::bf16, ggml_id::f32}) {
+            // k: two gemm chunks and a part (kGemmChunk = 512); m: not a multiple of 12 or 16.
+            const int k = type == ggml_id::q6_k ? 1280 : 1184, m = 76, n = 41;
+            for (const NativePass pass :
+                 {NativePass::exact, NativePass::decode, NativePass::decode_fp32}) {
+                for (const bool grouped : {false, true}) {
+                    if (grouped && !row_group_supported(type)) continue;
+                    const std::vector<uint8_t> plain = random_rows(rng, type, m, k);
+                    std::vector<uint8_t> w = plain;
+                    if (grouped) interleave_row_groups(type, w.data(), m, k);
+                    NativeMatrix nm = plain_matrix(type, m, k, w.data());
+                    nm.row_group = grouped ? kRowGroup : 1;
+                    nm.pass = pass;
+                    const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
+                    const std::vector<float> bias = random_floats(rng, size_t(m), 1.0f);
+                    std::vector<float> whole(size_t(n) * m);
+                    make_cpu_backend(2)->matmul_native(x.data(), nm, bias.data(), n,
+                                                       whole.data(), false);
+                    INFO(cpu_isa_name(isa) << " " << type_name(type) << (grouped ? " grouped" : "")
+                                           << " pass " << int(pass));
+                    if (pass == NativePass::exact) {
+                        const size_t rb = native_row_bytes(type, k);
+                        std::vector<float> wf(size_t(m) * k), ref(size_t(n) * m);
+                        for (int r = 0; r < m; ++r)
+                            qk.dequantize(type, plain.data() + rb * r, wf.data() + size_t(r) * k, k);
+                        gemm_exact_ref(x.data(), n, k, m, wf.data(), bias.data(), ref.data(), false);
+                        CHECK(std::memcmp(ref.data(), whole.data(), ref.size() * sizeof(float)) == 0);
+                    }
+                    int mismatched = 0;
+                    for (const int threads : {1, 2}) {
+                        auto be = make_cpu_backend(threads);
+                        for (const int batch : {1, 3, 5, 17}) {
+                            for (int i0 = 0; i0 < n; i0 += batch) {
+                                const int nb = std::min(batch, n - i0);
+                                std::vector<float> part(size_t(nb) * m);
+                                be->matmul_native(x.data() + size_t(i0) * k, nm, bias.data(), nb,
+                                                  part.data(), false);
+                                if (std::memcmp(part.data(), whole.data() + size_t(i0) * m,
+                                                part.size() * sizeof(float)) != 0)
+                                    ++mismatched;
+                            }
+                        }
+                    }
+                    CHECK(mismatched == 0);
                 }
-                // fp32 sgemm over k terms of |x| <~ 5: rounding well under 1e-5 of the L1 sum.
-                const double tol = 1e-5 * (5.0 * s + 2.0);
-                worst = std::max(worst, std::fabs(out[size_t(i) * m + j] - ref) / tol);
             }
         }
-        INFO(threads << " threads, worst err/tol " << worst);
-        CHECK(worst <= 1.0);
+    }
+    set_cpu_isa_override("auto");
+}
+
+TEST_CASE("gemm_exact: the AVX2 and AVX-512 tiles give the reference's bits", "[quant]") {
+    // Each lane of either tile is one (row, token) FMA chain: the two paths agree with
+    // gemm_exact_ref, and so with each other, for every tile shape (rows 1..13, tokens 1..70,
+    // chunks of 512 and a remainder) and with accumulate and bias.
+    std::mt19937 rng(37);
+    struct Fp32Rows : GemmRows {
+        const float* w;
+        int k;
+        const float* fetch(int j0, int, int c0, int, float*, int64_t* ld) const override {
+            *ld = k;
+            return w + size_t(j0) * k + c0;
+        }
+    };
+    for (const CpuIsa isa : isas()) {
+        set_cpu_isa_override(cpu_isa_name(isa));
+        for (const int k : {1, 31, 512, 1100}) {
+            for (const int m : {1, 7, 13, 50}) {
+                for (const int n : {1, 15, 33, 70}) {
+                    const std::vector<float> w = random_floats(rng, size_t(m) * k, 1.0f);
+                    const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
+                    const std::vector<float> bias = random_floats(rng, size_t(m), 1.0f);
+                    const std::vector<float> prev = random_floats(rng, size_t(n) * m, 1.0f);
+                    std::vector<float> ref = prev, got = prev;
+                    gemm_exact_ref(x.data(), n, k, m, w.data(), bias.data(), ref.data(), true);
+                    Fp32Rows rows;
+                    rows.w = w.data();
+                    rows.k = k;
+                    gemm_exact(x.data(), n, k, m, rows, bias.data(), got.data(), true, 2);
+                    INFO(cpu_isa_name(isa) << " k=" << k << " m=" << m << " n=" << n);
+                    CHECK(std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)) == 0);
+                }
+            }
+        }
+    }
+    set_cpu_isa_override("auto");
+}
+
+TEST_CASE("native_matmul: long rows on 1 and 2 threads vs double GEMM", "[quant]") {
+    // k = 16640 (520 blocks): the per-block scale products and the fp32 accumulation over a long
+    // row stay within the bound of test "dot_q8"; both thread counts give the same bits.
+    std::mt19937 rng(29);
+    const int m = 300, k = 16640, n = 19;
+    for (const uint32_t type : {ggml_id::q4_1, ggml_id::f16}) {
+        const std::vector<uint8_t> w = random_rows(rng, type, m, k);
+        const size_t rb = native_row_bytes(type, k);
+        std::vector<float> wf(size_t(m) * k);
+        for (int r = 0; r < m; ++r)
+            dequantize_row(type, w.data() + rb * r, wf.data() + size_t(r) * k, k);
+        const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
+        const NativeMatrix nm = plain_matrix(type, m, k, w.data());
+        const bool q8 = native_type_quantized(type);
+        std::vector<float> first;
+        for (const int threads : {1, 2}) {
+            auto be = make_cpu_backend(threads);
+            std::vector<float> out(size_t(n) * m, 7.0f);
+            be->matmul_native(x.data(), nm, nullptr, n, out.data(), false);
+            double worst = 0.0;
+            for (int i = 0; i < n; ++i) {
+                const float* xi = x.data() + size_t(i) * k;
+                double xmax = 0.0;
+                for (int c = 0; c < k; ++c) xmax = std::max(xmax, double(std::fabs(xi[c])));
+                for (int j = 0; j < m; ++j) {
+                    double ref = 0.0, s = 0.0;
+                    for (int c = 0; c < k; ++c) {
+                        ref += double(wf[size_t(j) * k + c]) * xi[c];
+                        s += std::fabs(double(wf[size_t(j) * k + c]));
+                    }
+                    const double tol = (q8 ? 0.5 * xmax / 127.0 * s * 1.001 : 0.0) +
+                                       1e-5 * (s * xmax + 2.0);
+                    worst = std::max(worst, std::fabs(out[size_t(i) * m + j] - ref) / tol);
+                }
+            }
+            INFO(type_name(type) << " " << threads << " threads, worst err/tol " << worst);
+            CHECK(worst <= 1.0);
+            if (first.empty()) {
+                first = out;
+            } else {
+                CHECK(std::memcmp(first.data(), out.data(), out.size() * sizeof(float)) == 0);
+            }
+        }
     }
 }
 

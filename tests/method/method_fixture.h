@@ -6,6 +6,7 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -74,6 +75,28 @@ inline Config method_config(Config::Method m, double ratio = 0.15) {
     c.scoring.layers = {1, 2};
     c.decode.max_new_tokens = 4;
     return c;
+}
+
+// Near-tie text on the real model (docs/design.md §6.4): six passages that each repeat one
+// sentence four times (~600 context tokens), so many tokens score almost alike and a rounding
+// difference moves tokens across the selection's cut.
+inline Config courier_config(const std::string& model_path) {
+    Config cfg;
+    cfg.model.path = model_path;
+    cfg.model.threads = 1;
+    cfg.request.system = "You are a helpful assistant. Answer using only the documents.";
+    const char* depots[] = {"river", "market", "harbour", "station", "mill", "bridge"};
+    for (int i = 1; i <= 6; ++i) {
+        const std::string s = "Passage " + std::to_string(i) + ": the courier from district " +
+                              std::to_string(i) + " delivered " + std::to_string(40 + 7 * i) +
+                              " parcels to the " + depots[i - 1] + " depot on Monday.";
+        std::string doc = s;
+        for (int r = 1; r < 4; ++r) doc += " " + s;
+        cfg.request.documents.push_back(doc);
+    }
+    cfg.request.question = "How many parcels did the courier from district 5 deliver?";
+    cfg.decode.max_new_tokens = 4;
+    return cfg;
 }
 
 // max |a - b| / max |b|

@@ -61,7 +61,7 @@ TEST_CASE("qa_f1 matches hand-computed LongBench scores", "[eval]") {
     CHECK(qa_f1_max("anything", {}) == 0.0);
 }
 
-TEST_CASE("split_passages cuts a LongBench context on \\nPassage ", "[eval]") {
+TEST_CASE("split_passages cuts a LongBench context at each newline-Passage marker", "[eval]") {
     const std::string ctx =
         "Passage 1:\nAlpha\nfirst text\nPassage 2:\nBeta\nsecond text\n\nPassage 3:\nGamma";
     const std::vector<std::string> p = split_passages(ctx);

@@ -69,7 +69,7 @@ TEST_CASE("heavy hitters and sink + recent on hand-built scores", "[method][refo
     CHECK(sink_and_recent(8, 3, 4) == std::vector<int>{0, 1, 2});
 }
 
-TEST_CASE("H2O statistics equal layer 0's attention; eviction keeps those heavy hitters",
+TEST_CASE("H2O statistics equal layer 0's attention, eviction keeps those heavy hitters",
           "[method][reform]") {
     TinyModel tm;
     const ModelConfig& c = tm.w.config;

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <vector>
 
+#include "../gpu/gpu_random_pick.h"
+#include "../gpu_flashinfer/host/paper_shapes.h"
 #include "kernels/backend.h"
 #include "runtime/model/model.h"
 #include "runtime/model/model_loader.h"
@@ -198,5 +200,39 @@ TEST_CASE("device path of Model: file weights loaded through load_matrix give th
         INFO("shape " << shape);
         CHECK(max_rel_diff(md.forward(kd, tokens, pos, true), mc.forward(kc, tokens, pos, true)) <=
               1e-5);
+    }
+}
+
+TEST_CASE("generated weights: the GPU generator test's tensor count for the paper's shapes",
+          "[generated]") {
+    // tests/gpu/test_cuda_model.cpp ([gpu_random]) compares layer 1's matrices and the LM head
+    // of llama-3.1-8b and qwen3-14b on the device; its expected count must match what the
+    // shapes generate (both have untied LM heads, as the released models do).
+    int total = 0;
+    for (const char* shape : {"llama-3.1-8b", "qwen3-14b"}) {
+        CAPTURE(shape);
+        const ModelConfig c = random_model_config(shape);
+        CHECK_FALSE(c.tied_embeddings);
+        const ModelWeights g = make_generated_weights(c, 1);
+        int picked = 0;
+        for (const WeightTensor& t : weight_tensors(g)) picked += gpu_test::gpu_random_pick(t);
+        CHECK(picked == gpu_test::gpu_random_expected(c));
+        total += picked;
+    }
+    CHECK(total == 16);
+}
+
+TEST_CASE("generated weights: the launch-plan tests' paper shapes are the model shapes",
+          "[generated]") {
+    // tests/gpu_flashinfer/host/paper_shapes.h restates them for tests that do not link models.
+    for (const test::PaperShape& p : test::kPaperShapes) {
+        CAPTURE(p.name);
+        const ModelConfig c = random_model_config(p.name);
+        CHECK(c.n_head == p.n_head);
+        CHECK(c.n_head_kv == p.n_head_kv);
+        CHECK(c.head_dim == p.head_dim);
+        CHECK(c.n_embd == p.n_embd);
+        CHECK(c.n_ff == p.n_ff);
+        CHECK(c.n_vocab == p.n_vocab);
     }
 }

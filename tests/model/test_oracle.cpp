@@ -13,6 +13,7 @@
 #include <string>
 
 #include "runtime/core/fs.h"
+#include "runtime/model/generate.h"
 #include "runtime/model/model.h"
 #include "runtime/model/model_loader.h"
 #include "runtime/model/sampling.h"
@@ -59,7 +60,7 @@ OracleStats compare_with_fixture(const std::string& fixture, bool native = false
     if (one_by_one) {
         n = std::min(n, limit);
         for (int t = 0; t < n; ++t) {
-            const std::vector<float> row = m.forward(cache, {tokens[size_t(t)]}, {t});
+            const std::vector<float> row = decode_step(m, cache, tokens[size_t(t)], t);
             logits.insert(logits.end(), row.begin(), row.end());
         }
     } else {
@@ -126,8 +127,9 @@ TEST_CASE("SmolLM2 logits agree with llama.cpp's quantized path on the Q4_1 file
 
 TEST_CASE("SmolLM2 native weights agree with llama.cpp's quantized path, prefill and decode",
           "[oracle][real][native]") {
-    // Native weights: Q4_1 blocks as stored. A prefill dequantizes weight tiles to fp32 (the same
-    // values as the f32 load), so it meets the f32 bars against the fp32 oracle.
+    // Native weights: Q4_1 blocks as stored. A prefill (the exact pass) multiplies the weights
+    // dequantized to fp32 (the same values as the f32 load) by fp32 activations, so it meets the
+    // f32 bars against the fp32 oracle.
     const OracleStats pre = compare_with_fixture("smollm2_f32_logits.json", true);
     CHECK(pre.agreement >= 0.98);
     CHECK(pre.max_dlogit < 0.005);

@@ -52,7 +52,9 @@ void compare_all(Model& model, Communicator& comm, const PreparedRequest& req, b
     for (Case k : cases(all)) {
         k.cfg.decode.max_new_tokens = max_new_tokens;
         const MethodResult real = run_request(model, req, k.cfg, comm, kNoStop);
-        const EmulatedRun emu = run_emulated(model, req, k.cfg, P, LinkModel{}, kNoStop);
+        // The virtual ranks model the real ranks' link, so parallel.balance = "auto" weighs the
+        // same costs and picks the same plan on both sides.
+        const EmulatedRun emu = run_emulated(model, req, k.cfg, P, comm.link().model, kNoStop);
         CAPTURE(P, rank, k.name);
         REQUIRE(int(emu.per_rank.size()) == P);
         const MethodResult& twin = emu.per_rank[rank];

@@ -81,13 +81,13 @@ TEST_CASE("sp: exact exchange on P ranks equals one rank [6.4]", "[sp]") {
 TEST_CASE("sp: kv exchange on P ranks equals emulate_ranks = P [6.4]", "[sp]") {
     Setup s;
     int moved = 0;  // tokens run by a helper rank, over the balanced runs
-    for (bool balance : {true, false}) {
+    for (bool balance : {true, false}) {  // forced on (the model would not move on tiny runs)
         for (auto m : {Config::Method::infoflow, Config::Method::epic, Config::Method::cacheblend,
                        Config::Method::none}) {
             for (auto layout : {Config::Layout::global, Config::Layout::tl_tp}) {
                 Config cfg = method_config(m, 0.3);
                 cfg.scoring.layout = layout;
-                cfg.parallel.balance = balance;
+                cfg.parallel.balance = balance ? Config::Balance::on : Config::Balance::off;
                 const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
                 Config emu = cfg;
                 emu.parallel.emulate_ranks = s.P();
@@ -201,7 +201,7 @@ TEST_CASE("sp: placement tokens on P ranks equals its one-rank oracles [6.4]", "
 TEST_CASE("sp: kv exchange moves exactly the selected tokens' K/V [5.5]", "[sp]") {
     Setup s;
     Config cfg = method_config(Config::Method::infoflow, 0.2);
-    cfg.parallel.balance = false;  // every token on its owner: K/V only
+    cfg.parallel.balance = Config::Balance::off;  // every token on its owner: K/V only
     const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
     std::vector<int> sizes;
     for (const auto& c : s.req.chunks) sizes.push_back(int(c.size()));
@@ -231,7 +231,7 @@ TEST_CASE(
     Setup s;
     s.tm.m->set_kv_dtype(KvDtype::f16);
     Config cfg = method_config(Config::Method::infoflow, 0.3);
-    cfg.parallel.balance = false;  // the byte count below is the K/V alone
+    cfg.parallel.balance = Config::Balance::off;  // the byte count below is the K/V alone
     const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
     Config emu = cfg;
     emu.parallel.emulate_ranks = s.P();
@@ -241,7 +241,7 @@ TEST_CASE(
     const MethodResult rx = run_request(*s.tm.m, s.req, ex, *s.comm, kNoStop);
     const MethodResult onex = run_method(*s.tm.m, s.req, ex, kNoStop);
     Config bal = cfg;  // the balanced recompute reads its helper keys as f16 rows too
-    bal.parallel.balance = true;
+    bal.parallel.balance = Config::Balance::on;
     bal.method.ratio = 0.6;
     const MethodResult rb = run_request(*s.tm.m, s.req, bal, *s.comm, kNoStop);
     bal.parallel.emulate_ranks = s.P();
@@ -301,6 +301,34 @@ TEST_CASE("ring equals full for every layout and exchange [6.3]", "[ring]") {
     }
 }
 
+TEST_CASE("ring with an f16 KV cache equals full with one and moves half the bytes", "[ring]") {
+    Setup s;
+    s.tm.m->set_kv_dtype(KvDtype::f16);
+    const MethodResult full =
+        run_method(*s.tm.m, s.req, method_config(Config::Method::full), kNoStop);
+    std::vector<MethodResult> runs;
+    for (auto ex : {Config::RingExchange::p2p, Config::RingExchange::allgather}) {
+        Config cfg = method_config(Config::Method::ring);
+        cfg.ring.exchange = ex;
+        runs.push_back(run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop));
+    }
+    s.tm.m->set_kv_dtype(KvDtype::f32);
+    const ModelConfig& c = s.tm.w.config;
+    const int N = s.req.context_tokens() + int(s.req.suffix.size());
+    // Every block travels as the cache stores it: 2 bytes per element.
+    const uint64_t per_layer =
+        uint64_t(s.P() - 1) * uint64_t(N / s.P()) * 2 * c.n_head_kv * c.head_dim * 2;
+    for (const MethodResult& r : runs) {
+        CAPTURE(s.P(), s.rank());
+        CHECK(r.answer == full.answer);
+        if (s.rank() == 0) CHECK(rel_err(r.first_logits, full.first_logits) <= kTol);
+        const PhaseTime* pre = phase(r, "ring_prefill");
+        REQUIRE(pre != nullptr);
+        CHECK(pre->bytes_sent == per_layer * c.n_layer);
+        CHECK(pre->bytes_recv == per_layer * c.n_layer);
+    }
+}
+
 TEST_CASE("sp: a decode budget near INT_MAX is refused by the position check, not wrapped",
           "[sp][faults]") {
     Setup s;
@@ -309,4 +337,35 @@ TEST_CASE("sp: a decode budget near INT_MAX is refused by the position check, no
     // Every rank runs the check before its first collective, so every rank throws.
     CHECK_THROWS_WITH(run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop),
                       Catch::Contains("positions") && Catch::Contains("the model"));
+}
+
+TEST_CASE("sp: a token callback on rank 0 ends the decode on every rank", "[sp]") {
+    // Job serve's cancellation (a client that went away): rank 0 refuses the third token; in
+    // the "exact" exchange and in ring attention every rank decodes, so the end must reach them
+    // all with that token (else they would wait in the next step's collectives); in "kv" rank 0
+    // decodes alone.
+    Setup s;
+    for (auto method : {Config::Method::infoflow, Config::Method::ring}) {
+        for (auto ex : {Config::Exchange::kv, Config::Exchange::exact}) {
+            if (method == Config::Method::ring && ex == Config::Exchange::kv) continue;
+            Config cfg = method_config(method, 0.3);
+            cfg.parallel.exchange = ex;
+            cfg.decode.max_new_tokens = 8;
+            const MethodResult all = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+            int calls = 0;
+            RunHooks hooks;
+            hooks.on_token = [&](int32_t) { return ++calls < 3; };
+            const MethodResult cut = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop, hooks);
+            CAPTURE(s.P(), s.rank(), to_string(method), to_string(ex));
+            const bool decodes_here =
+                s.rank() == 0 || ex == Config::Exchange::exact || method == Config::Method::ring;
+            CHECK(calls == (s.rank() == 0 ? 3 : 0));  // only rank 0 is asked
+            if (decodes_here) {
+                CHECK(cut.cancelled);
+                CHECK(cut.answer.size() == 3);
+                CHECK(all.answer.size() == 8);
+                CHECK(std::equal(cut.answer.begin(), cut.answer.end(), all.answer.begin()));
+            }
+        }
+    }
 }
