@@ -391,7 +391,8 @@ Field balance_field(const char* key, Sec<S> sec, Config::Balance S::*mem) {
             },
             [=](const Config& c) {
                 const Config::Balance v = (c.*sec).*mem;
-                return v == Config::Balance::automatic ? json("auto") : json(v == Config::Balance::on);
+                return v == Config::Balance::automatic ? json("auto")
+                                                       : json(v == Config::Balance::on);
             }};
     f.type = "bool or enum";
     f.choices = "auto|true|false";
@@ -632,6 +633,11 @@ const std::vector<Field>& fields() {
         f.push_back(int_array_field("scoring.layers", sc, &S::layers, 0, true));
         f.push_back(enum_field("scoring.softmax", sc, &S::softmax));
         f.push_back(int_field("scoring.block", sc, &S::block, 1));
+        f.push_back(bool_field("scoring.value_norm", sc, &S::value_norm));
+        f.push_back(float_field("scoring.deviation_weight", sc, &S::deviation_weight, 0.0));
+        f.push_back(int_field("scoring.span", sc, &S::span, 0));
+        f.push_back(float_field("scoring.chunk_decay", sc, &S::chunk_decay, 0.0));
+        f.push_back(float_field("scoring.chunk_floor", sc, &S::chunk_floor, 0.0, 1.0));
 
         f.push_back(enum_field("cacheblend.metric", &C::cacheblend, &C::CacheBlendSection::metric));
 
@@ -657,13 +663,15 @@ const std::vector<Field>& fields() {
         f.push_back(enum_field("parallel.exchange", par, &C::ParallelSection::exchange));
         f.push_back(
             int_field("parallel.emulate_ranks", par, &C::ParallelSection::emulate_ranks, 0));
+        f.push_back(
+            int_field("parallel.virtual_ranks", par, &C::ParallelSection::virtual_ranks, 0));
         f.push_back(balance_field("parallel.balance", par, &C::ParallelSection::balance));
         f.push_back(enum_field("parallel.link", par, &C::ParallelSection::link));
-        f.push_back(float_field("parallel.link_alpha_us", par, &C::ParallelSection::link_alpha_us,
-                                0.0));
+        f.push_back(
+            float_field("parallel.link_alpha_us", par, &C::ParallelSection::link_alpha_us, 0.0));
         f.push_back(float_field("parallel.link_gbs", par, &C::ParallelSection::link_gbs, 0.0));
-        f.push_back(float_field("parallel.compute_gmacs", par,
-                                &C::ParallelSection::compute_gmacs, 0.0));
+        f.push_back(
+            float_field("parallel.compute_gmacs", par, &C::ParallelSection::compute_gmacs, 0.0));
         f.push_back(enum_field("parallel.placement", par, &C::ParallelSection::placement));
         f.push_back(float_field("parallel.timeout_s", par, &C::ParallelSection::timeout_s, 0.001));
         f.push_back(float_field("parallel.startup_timeout_s", par,
@@ -724,6 +732,11 @@ const std::vector<Field>& fields() {
         f.push_back(int_field("sweep.seed", sw, &Sw::seed, 0, std::numeric_limits<int64_t>::max()));
         f.push_back(bool_field("sweep.full_correct_only", sw, &Sw::full_correct_only));
         f.push_back(string_field("sweep.cases_file", sw, &Sw::cases_file));
+        f.push_back(int_field("sweep.first_case", sw, &Sw::first_case, 0));
+        f.push_back(int_array_field("sweep.document_tokens", sw, &Sw::document_tokens, 8, false));
+        f.push_back(float_array_field("sweep.depths", sw, &Sw::depths, 0.0, 1.0));
+        f.push_back(int_field("sweep.distractors", sw, &Sw::distractors, -1));
+        f.push_back(string_field("sweep.filler_file", sw, &Sw::filler_file));
 
         const auto store = &C::store;
         using St = C::StoreSection;
@@ -913,6 +926,11 @@ class Loader {
             fail(where("bench.emulate_timing") +
                  ": the emulated timing mode is for job = "
                  "\"bench-ttft\" only");
+        }
+        if (cfg_.parallel.virtual_ranks > 1 && cfg_.job != Config::Job::sweep) {
+            fail(where("parallel.virtual_ranks") +
+                 ": virtual ranks are for job = \"sweep\" (bench-ttft's are "
+                 "parallel.emulate_ranks with bench.emulate_timing)");
         }
         if (cfg_.reform.pool % 2 == 0) {
             fail(where("reform.pool") + ": must be odd (a window centred on the token), got " +

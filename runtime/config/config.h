@@ -42,7 +42,7 @@ struct Config {
     enum class EpicMode { ratio, fixed };
     enum class Comm { automatic, mpi, nccl, self };  // "auto"
     enum class Exchange { kv, exact };
-    enum class Placement { chunks, tokens };  // parallel.placement
+    enum class Placement { chunks, tokens };    // parallel.placement
     enum class Balance { automatic, on, off };  // parallel.balance: "auto" | true | false
     enum class LinkKind { automatic, shm, tcp, ib, nvlink };  // parallel.link ("auto")
     enum class RingLayout { zigzag, contiguous };
@@ -101,6 +101,12 @@ struct Config {
             layers;  // empty = the model rule of docs/design.md §3.3 (resolve_scoring_layers)
         Softmax softmax = Softmax::global;
         int block = 512;  // row/column block of the scoring pass, > 0
+        // InfoFlow's selection variants (docs/quality.md); all off = the paper's rule.
+        bool value_norm = false;        // column score x ||v|| of the column at that layer
+        double deviation_weight = 0.0;  // x (CacheBlend's layer-1 deviation)^w; 0 = off
+        int span = 0;                   // scores max-pooled over +-span tokens of a chunk
+        double chunk_decay = 0.0;       // a chunk's m-th best token weighted 1/(1+d*m)
+        double chunk_floor = 0.0;       // share of the budget kept as per-chunk quotas
     };
     struct CacheBlendSection {
         BlendMetric metric = BlendMetric::v;
@@ -133,7 +139,10 @@ struct Config {
     struct ParallelSection {
         Comm comm = Comm::automatic;
         Exchange exchange = Exchange::kv;
-        int emulate_ranks = 0;     // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+        int emulate_ranks = 0;  // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+        // job sweep: > 1 runs a point's method on this many virtual ranks in one process (the
+        // sequence-parallel code over an in-process communicator); 0/1 = one rank.
+        int virtual_ranks = 0;
         // "kv": helpers run part of the busiest ranks' recompute; "auto" when the plan's cost
         // model (compute_gmacs, the link's alpha-beta) says it is faster with the extra bytes.
         Balance balance = Balance::automatic;
@@ -204,6 +213,12 @@ struct Config {
         // at most 4 x cases tries).
         bool full_correct_only = false;
         std::string cases_file;  // also write the cases as eval JSONL; "" = no
+        int first_case = 0;      // generator index of the first case tried (shards of a run)
+        // The generator's long layout (runtime/jobs/cases.h); all unset = the original layout.
+        std::vector<int> document_tokens;  // {lo, hi}: log-uniform document lengths
+        std::vector<double> depths;        // evidence depths in [0, 1], in turn
+        int distractors = -1;              // documents with a distractor; -1 = every other
+        std::string filler_file;           // filler text; "" = the built-in prose
     };
     // The document KV store (docs/design.md §8; layout in docs/store.md). Replaces the former
     // [cache] section (cache.path, cache.build_from), which is no longer accepted.

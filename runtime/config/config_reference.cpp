@@ -132,6 +132,21 @@ const std::map<std::string, std::string>& descriptions() {
          "on P ranks: `global` merges the attention normalizer across ranks (exact); `local` "
          "scores each shard against its own keys only (the authors' approximation)"},
         {"scoring.block", "row/column block size of the scoring pass (memory, not results)"},
+        {"scoring.value_norm",
+         "InfoFlow variant: each scoring layer's column score times the L2 norm of that "
+         "token's value row at the layer (attention weight x ||v||; docs/quality.md)"},
+        {"scoring.deviation_weight",
+         "InfoFlow variant: score x (CacheBlend's layer-1 value deviation)^w, the layer-1 K/V "
+         "refreshed for every token as CacheBlend does; 0 = off; one rank only"},
+        {"scoring.span",
+         "InfoFlow variant: each token's score is the largest within +-span tokens of its "
+         "document, so the neighbours of a peak are recomputed with it; 0 = off"},
+        {"scoring.chunk_decay",
+         "InfoFlow variant: within a document the m-th best token's score counts 1/(1 + d*m), "
+         "spreading the budget over documents; 0 = off"},
+        {"scoring.chunk_floor",
+         "InfoFlow variant: this share of the budget is reserved as per-document quotas "
+         "(proportional to length, at least one token each); 0 = off"},
         {"cacheblend.metric", "CacheBlend's deviation is measured on `v` or on `k`"},
         {"epic.mode",
          "`ratio`: the first ⌊ratio·\\|C\\|⌋ tokens of each chunk; `fixed`: the first `epic.k`"},
@@ -168,6 +183,10 @@ const std::map<std::string, std::string>& descriptions() {
         {"parallel.exchange",
          "recompute exchange on P ranks: `kv` all-gathers the selected tokens' K/V; `exact` "
          "passes the queries (pass-Q) and reproduces the one-rank result"},
+        {"parallel.virtual_ranks",
+         "job `sweep`: run a point's method on this many virtual ranks in one process (the "
+         "sequence-parallel code, its messages through an in-process communicator, the ranks "
+         "taking turns); 0 or 1 = one rank (docs/quality.md)"},
         {"parallel.balance",
          "`kv` exchange on P ranks: balance the recompute across ranks; a helper rank runs some "
          "of the busiest ranks' selected tokens (projections, MLP, attention over chunk 0 and "
@@ -257,13 +276,30 @@ const std::map<std::string, std::string>& descriptions() {
         {"sweep.cases", "cases generated (kept, with `sweep.full_correct_only`)"},
         {"sweep.kinds",
          "case kinds, drawn in turn: `niah` (passkey), `facts` (one fact among distractor "
-         "documents), `multihop` (two linked facts in two documents)"},
+         "documents), `multihop` (two linked facts in two documents), `keys` (long layout: the "
+         "magic number of one key among other keys' numbers)"},
         {"sweep.context_tokens", "approximate context tokens of a case (filler included)"},
         {"sweep.documents", "documents (chunks) per case"},
         {"sweep.seed", "seed of the case generator"},
         {"sweep.full_correct_only",
          "keep only cases `full` answers correctly (at most 4 x `sweep.cases` are tried)"},
         {"sweep.cases_file", "also write the cases as `eval` JSONL; empty = no"},
+        {"sweep.first_case",
+         "generator index of the first case tried: shards of one long run in separate processes "
+         "(e.g. 0 and 1000), their row logs concatenated (docs/quality.md)"},
+        {"sweep.document_tokens",
+         "long layout: `[lo, hi]`, each document's length drawn log-uniform in [lo, hi] tokens, "
+         "then scaled together to fill `sweep.context_tokens`; empty = equal lengths "
+         "(docs/quality.md)"},
+        {"sweep.depths",
+         "long layout: evidence depths (0 = first document, 1 = last), every kind at every "
+         "depth in turn; empty = a random document"},
+        {"sweep.distractors",
+         "long layout: documents holding a distractor (the evidence's sentence about another "
+         "person or key); -1 = every other document"},
+        {"sweep.filler_file",
+         "long layout: text the documents' filler is cut from (sentences in order from a random "
+         "start); empty = the built-in prose"},
         {"store.path",
          "HDF5 index file of the document KV store; written by `cache-build`, read by `answer` "
          "/ `niah` / `eval` / `bench-ttft` when set; empty = no store (replaces the former "

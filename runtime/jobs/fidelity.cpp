@@ -10,34 +10,6 @@
 
 namespace infoflow {
 
-std::vector<float> teacher_forced_logits(Model& model, KvCache& cache, int prompt,
-                                         const std::vector<float>& first_logits,
-                                         const std::vector<int32_t>& ref, int32_t group) {
-    const int V = model.config().n_vocab;
-    IF_CHECK(int(first_logits.size()) == V, "teacher forcing: first logits have "
-                                                << first_logits.size() << " values, the model "
-                                                << V);
-    IF_CHECK(cache.size() >= prompt, "teacher forcing: the cache holds "
-                                         << cache.size() << " slots, the prompt " << prompt);
-    const int fed = std::max(0, int(ref.size()) - 1);
-    IF_CHECK(prompt + fed <= cache.capacity(),
-             "teacher forcing: " << fed << " reference tokens after a prompt of " << prompt
-                                 << " do not fit the cache (" << cache.capacity() << " slots)");
-    cache.truncate(prompt);
-    std::vector<float> rows(first_logits);
-    if (fed > 0) {
-        const std::vector<int32_t> toks(ref.begin(), ref.begin() + fed);
-        std::vector<int32_t> pos(static_cast<size_t>(fed));
-        std::iota(pos.begin(), pos.end(), prompt);
-        const std::vector<int32_t> groups(size_t(fed), group);
-        const std::vector<float> more =
-            model.forward(cache, toks, pos, true, group >= 0 ? &groups : nullptr);
-        rows.insert(rows.end(), more.begin(), more.end());
-        cache.truncate(prompt);
-    }
-    return rows;
-}
-
 Fidelity compare_teacher_forced(const std::vector<float>& full_rows, const std::vector<float>& rows,
                                 const std::vector<int32_t>& ref, int n_vocab) {
     const size_t V = size_t(n_vocab);

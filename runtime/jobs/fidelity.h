@@ -10,20 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "runtime/model/generate.h"  // teacher_forced_logits
 #include "runtime/model/model.h"
 #include "runtime/model/sampling.h"  // log_softmax
 
 namespace infoflow {
-
-// The logits of every step of `ref` under teacher forcing over `cache`, whose first `prompt`
-// slots are a finished prompt (context + suffix, positions 0..prompt-1): row 0 is
-// `first_logits` (the prediction of ref[0]), row t >= 1 the prediction of ref[t] after
-// ref[0..t-1] were fed at positions prompt.. . The cache is cut back to `prompt` slots before
-// and after. Rows: max(1, ref.size()). `group` is the visibility group of the fed rows (-1 none).
-std::vector<float> teacher_forced_logits(Model& model, KvCache& cache, int prompt,
-                                         const std::vector<float>& first_logits /*[n_vocab]*/,
-                                         const std::vector<int32_t>& ref,
-                                         int32_t group = -1) /*[rows, n_vocab]*/;
 
 // A method's teacher-forced rows against the reference (`full`) rows on the same tokens.
 struct Fidelity {

@@ -27,6 +27,7 @@
 #include "runtime/jobs/stats.h"
 #include "runtime/method/phases.h"
 #include "runtime/model/sampling.h"
+#include "runtime/parallel/emulate.h"
 
 namespace infoflow {
 namespace {
@@ -47,12 +48,20 @@ std::string trim(const std::string& s) {
 }
 
 // Sections every point shares: they decide the cases, their tokens and the chunk prefill.
+// A point may change [parallel] only in what a P-rank point is (parallel.virtual_ranks, the
+// exchange and the balance).
 void check_shared(const Config& base, const Config& p, const std::string& where) {
-    const json a = base.to_json(), b = p.to_json();
+    json a = base.to_json(), b = p.to_json();
+    for (json* j : {&a, &b}) {
+        for (const char* k : {"virtual_ranks", "exchange", "balance"}) (*j)["parallel"].erase(k);
+    }
     for (const char* sec :
          {"model", "request", "chunking", "decode", "sweep", "store", "parallel", "output"}) {
         IF_CHECK(a.at(sec) == b.at(sec),
-                 where << " changes [" << sec << "], which every point of a sweep shares");
+                 where << " changes [" << sec << "], which every point of a sweep shares"
+                       << (std::string(sec) == "parallel"
+                               ? " (points may set parallel.virtual_ranks, exchange, balance)"
+                               : ""));
     }
     IF_CHECK(a.at("job") == b.at("job"), where << " changes job");
 }
@@ -118,6 +127,28 @@ const std::vector<std::string>& measures() {
     return m;
 }
 
+// The generator's spec from [sweep] (the filler file's sentences read here).
+CaseSpec case_spec(const Config& cfg, const std::string& separator) {
+    CaseSpec spec;
+    spec.kinds = cfg.sweep.kinds;
+    spec.documents = cfg.sweep.documents;
+    spec.context_tokens = cfg.sweep.context_tokens;
+    spec.seed = cfg.sweep.seed;
+    spec.separator = separator;
+    spec.document_tokens = cfg.sweep.document_tokens;
+    spec.depths = cfg.sweep.depths;
+    spec.distractors = cfg.sweep.distractors;
+    if (!cfg.sweep.filler_file.empty()) {
+        for (const std::string& p : split_paragraphs(read_file(cfg.sweep.filler_file))) {
+            for (std::string& x : split_sentences(p)) spec.filler.push_back(std::move(x));
+        }
+        IF_CHECK(!spec.filler.empty(),
+                 "sweep.filler_file = '" << cfg.sweep.filler_file << "' holds no text");
+    }
+    check_case_spec(spec);
+    return spec;
+}
+
 json case_json(const QualityCase& c) {
     std::string context;
     for (size_t i = 0; i < c.documents.size(); ++i) {
@@ -131,7 +162,9 @@ json case_json(const QualityCase& c) {
             {"documents", c.documents},
             {"input", c.question},
             {"answers", c.answers},
-            {"evidence_docs", c.evidence_docs}};
+            {"evidence_docs", c.evidence_docs},
+            {"depth", c.depth},
+            {"document_tokens", c.document_tokens}};
 }
 
 }  // namespace
@@ -148,17 +181,12 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
              "job sweep needs greedy decoding (decode.temperature = 0): the reference is full's "
              "greedy answer");
     IF_CHECK(cfg.decode.max_new_tokens >= 1, "job sweep needs decode.max_new_tokens >= 1");
-    check_case_kinds(cfg.sweep.kinds);
+    const CaseSpec spec =
+        case_spec(cfg, instruction_text(cfg.request.prompt_template).doc_separator);
     const std::vector<Point> points = sweep_points(cfg);
     Model& model = *s.model;
     const int V = model.config().n_vocab;
 
-    CaseSpec spec;
-    spec.kinds = cfg.sweep.kinds;
-    spec.documents = cfg.sweep.documents;
-    spec.context_tokens = cfg.sweep.context_tokens;
-    spec.seed = cfg.sweep.seed;
-    spec.separator = instruction_text(cfg.request.prompt_template).doc_separator;
     const TokenCounter count = [&](const std::string& t) { return int(chat.text(t).size()); };
     Config full_cfg = cfg;
     full_cfg.method.name = Config::Method::full;
@@ -174,10 +202,12 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
         }()
             .c_str(),
         cfg.sweep.reference.c_str());
-    std::printf("cases      : ~%d context tokens in %d documents, seed %llu%s\n",
-                cfg.sweep.context_tokens, cfg.sweep.documents,
-                static_cast<unsigned long long>(cfg.sweep.seed),
-                cfg.sweep.full_correct_only ? ", only cases full answers correctly" : "");
+    std::printf(
+        "cases      : ~%d context tokens in %d documents, %s layout, seed %llu, from case "
+        "%d%s\n",
+        cfg.sweep.context_tokens, cfg.sweep.documents, spec.long_layout() ? "long" : "original",
+        static_cast<unsigned long long>(cfg.sweep.seed), cfg.sweep.first_case,
+        cfg.sweep.full_correct_only ? ", only cases full answers correctly" : "");
     std::printf("points     :");
     for (const Point& p : points) std::printf(" [%s]", p.label.c_str());
     std::printf("\n");
@@ -197,7 +227,8 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
     int kept = 0, tried = 0;
     // Per kind/relation: cases generated and how many `full` answered correctly.
     std::map<std::string, std::pair<int, int>> by_relation;
-    for (int idx = 0; kept < cfg.sweep.cases && idx < max_tries; ++idx) {
+    const int first = cfg.sweep.first_case;
+    for (int idx = first; kept < cfg.sweep.cases && idx < first + max_tries; ++idx) {
         ++tried;
         const QualityCase qc = make_case(spec, idx, count);
         const PreparedRequest req = prepare_request(
@@ -240,18 +271,31 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
         const double chunk_ms =
             std::chrono::duration<double, std::milli>(Clock::now() - t_chunks).count();
 
+        std::vector<json> case_rows(points.size() + 1);  // full, then the points in order
         auto record = [&](PointValues& pv, const std::string& label, const MethodResult& r,
-                          const std::vector<float>& rows_m, bool is_full) {
+                          const std::vector<float>& rows_m, bool is_full, const Config& pcfg,
+                          const EmulatedTiming* vt) {
             const Fidelity f = compare_teacher_forced(full_rows, rows_m, ref, V);
             const std::string answer = tok.decode(r.answer);
             const bool correct = case_correct(qc, answer);
             const double sel = T ? double(r.selected_positions.size()) / T : 0.0;
-            const double online = is_full ? r.ttft_ms : r.ttft_ms;
-            const double ttft = is_full ? r.ttft_ms : chunk_ms + r.ttft_ms;
+            // Virtual ranks: the modelled critical path after the shard prefill (which copies
+            // the shared chunks), the ranks' compute measured alone (emulate.h).
+            double online = r.ttft_ms;
+            if (vt) {
+                online = 0.0;
+                for (const auto& [name, ms] : vt->critical_path) {
+                    if (name != "shard_prefill" && name != "store_load") online += ms;
+                }
+            }
+            const double ttft = is_full ? r.ttft_ms : chunk_ms + online;
             json row;
             row["case"] = qc.index;
             row["kind"] = qc.kind;
             row["relation"] = qc.relation;
+            row["depth"] = qc.depth;
+            row["documents"] = qc.documents.size();
+            row["evidence_docs"] = qc.evidence_docs;
             row["point"] = label;
             row["method"] = r.method;
             row["context_tokens"] = T;
@@ -274,24 +318,36 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
             row["online_ms"] = online;
             row["ttft_ms"] = ttft;
             row["phases"] = phases_json(r.phases);
+            row["ranks"] = vt ? vt->ranks : 1;
+            if (vt) {
+                json cp = json::array();
+                for (const auto& [name, ms] : vt->critical_path) cp.push_back({{name, ms}});
+                row["critical_path"] = cp;
+                row["exchange"] = to_string(pcfg.parallel.exchange);
+                row["softmax"] = to_string(pcfg.scoring.softmax);
+            }
             for (const std::string& m : measures()) {
                 const json& x = row[m];
                 pv.v[m].push_back(x.is_boolean() ? double(x.get<bool>()) : x.get<double>());
             }
             pv.correct_by_kind[qc.kind].push_back(correct);
-            rows.push_back(row);
-            row_log.append(row);
+            case_rows[&pv == &full_vals ? 0 : size_t(&pv - vals.data()) + 1] = std::move(row);
             return correct;
         };
-        record(full_vals, "full", full, full_rows, true);
+        record(full_vals, "full", full, full_rows, true, full_cfg, nullptr);
         double acc_sum = 0.0, kl_sum = 0.0;
-        for (size_t pi = 0; pi < points.size(); ++pi) {
+        // The points run in an order rotated by one per case, so that whatever the first run
+        // after the chunk prefill pays (fresh pages of its caches) falls on every point alike;
+        // their rows are written in point order.
+        for (size_t step = 0; step < points.size(); ++step) {
+            const size_t pi = (step + size_t(kept - 1)) % points.size();
             const Point& p = points[pi];
             if (p.cfg.method.name == Config::Method::full) {
-                acc_sum += record(vals[pi], p.label, full, full_rows, true);
+                acc_sum += record(vals[pi], p.label, full, full_rows, true, p.cfg, nullptr);
                 continue;
             }
             std::vector<float> rows_m;
+            EmulatedTiming virtual_timing;
             RunHooks hooks;
             hooks.chunks = &chunks;
             bool decoded = true;
@@ -304,13 +360,38 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
                             compare_teacher_forced(full_rows, rows_m, ref, V).all_hit);
                 return decoded;
             };
-            MethodResult r = run_method(model, req, p.cfg, tok.stop_ids(), hooks);
+            const int P = p.cfg.parallel.virtual_ranks;
+            MethodResult r;
+            if (P > 1) {
+                // P virtual ranks: every rank copies its chunks from `chunks`; rank 0's
+                // teacher-forced rows come back through on_forced.
+                RunHooks sp_hooks;
+                sp_hooks.chunks = &chunks;
+                sp_hooks.forced_ref = &ref;
+                sp_hooks.on_forced = [&](const std::vector<float>& rows, MethodResult&) {
+                    rows_m = rows;
+                    decoded = !(cfg.sweep.reference == "full" &&
+                                compare_teacher_forced(full_rows, rows_m, ref, V).all_hit);
+                    return decoded;
+                };
+                const EmulatedRun er =
+                    run_emulated(model, req, p.cfg, P, LinkModel(), tok.stop_ids(), sp_hooks);
+                r = er.per_rank[0];
+                virtual_timing = er.timing;
+            } else {
+                r = run_method(model, req, p.cfg, tok.stop_ids(), hooks);
+            }
             if (!decoded) {
                 r.answer = full.answer;
                 r.stopped = full.stopped;
             }
-            acc_sum += record(vals[pi], p.label, r, rows_m, false);
+            acc_sum += record(vals[pi], p.label, r, rows_m, false, p.cfg,
+                              P > 1 ? &virtual_timing : nullptr);
             kl_sum += vals[pi].v["mean_kl"].back();
+        }
+        for (json& row : case_rows) {
+            row_log.append(row);
+            rows.push_back(std::move(row));
         }
         sweep.step();
         std::printf(
@@ -399,6 +480,8 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
     out["ranks"] = 1;
     out["reference"] = "full";
     out["teacher_forced_reference"] = cfg.sweep.reference;
+    out["case_spec"] = case_spec_json(spec);
+    out["case_spec"]["first_case"] = cfg.sweep.first_case;
     out["cases_kept"] = kept;
     out["cases_generated"] = tried;
     out["full_correct_by_relation"] = full_by_relation;

@@ -102,6 +102,21 @@ class LayerPlacer {
 
 }  // namespace
 
+ChunkKv copy_chunk(Backend& be, const ChunkKv& c) {
+    ChunkKv out;
+    out.tokens = c.tokens;
+    out.local_pos = c.local_pos;
+    out.dtype = c.dtype;
+    for (const std::vector<Buffer>* src : {&c.k, &c.v}) {
+        std::vector<Buffer>& dst = src == &c.k ? out.k : out.v;
+        for (const Buffer& b : *src) {
+            dst.push_back(be.alloc(b.bytes()));
+            if (b.bytes()) be.copy(dst.back().data(), b.data(), b.bytes());
+        }
+    }
+    return out;
+}
+
 ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id) {
     Backend& be = model.backend();
     const ChunkSequence cs = chunk_sequence(tokens, sink_id);
@@ -124,10 +139,9 @@ ChunkKv prefill_chunk_into(Model& model, const std::vector<int32_t>& tokens, int
     const int n = int(tokens.size());
     ChunkKv out = chunk_shadow(tokens, cs, dest.dtype());
     if (n == 0) return out;
-    IF_CHECK(scratch.dtype() == dest.dtype(), "prefill_chunk_into: a "
-                                                  << kv_dtype_name(scratch.dtype())
-                                                  << " scratch cache for a "
-                                                  << kv_dtype_name(dest.dtype()) << " cache");
+    IF_CHECK(scratch.dtype() == dest.dtype(),
+             "prefill_chunk_into: a " << kv_dtype_name(scratch.dtype()) << " scratch cache for a "
+                                      << kv_dtype_name(dest.dtype()) << " cache");
     IF_CHECK(dest_first >= 0 && dest_first + n <= dest.size(),
              "prefill_chunk_into: slots [" << dest_first << ", " << dest_first + n
                                            << ") outside the " << dest.size() << " appended");
@@ -202,8 +216,7 @@ void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std:
 }
 
 void assemble_cache_releasing(Model& model, std::vector<ChunkKv>& chunks,
-                              const std::vector<int>& order,
-                              const std::vector<int32_t>& target_pos,
+                              const std::vector<int>& order, const std::vector<int32_t>& target_pos,
                               const std::vector<int32_t>* group, KvCache& cache) {
     assemble(model, chunks, &chunks, order, target_pos, group, cache, -1);
 }

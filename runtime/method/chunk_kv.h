@@ -23,6 +23,9 @@ struct ChunkKv {
     int size() const { return int(tokens.size()); }
 };
 
+// A deep copy of a chunk (its K/V in new buffers of `be`).
+ChunkKv copy_chunk(Backend& be, const ChunkKv& c);
+
 // Prefills `tokens` alone, preceded by `sink_id` when >= 0. With no sink this equals an exact
 // prefill of the chunk at positions 0.. (how chunk 0 is computed).
 ChunkKv prefill_chunk(Model& model, const std::vector<int32_t>& tokens, int32_t sink_id);
@@ -53,8 +56,7 @@ void assemble_cache(Model& model, const std::vector<ChunkKv>& chunks, const std:
 // tokens and local positions stay): the context is never held twice, so the peak memory of the
 // assembly is the cache plus one chunk, not the cache plus every chunk.
 void assemble_cache_releasing(Model& model, std::vector<ChunkKv>& chunks,
-                              const std::vector<int>& order,
-                              const std::vector<int32_t>& target_pos,
+                              const std::vector<int>& order, const std::vector<int32_t>& target_pos,
                               const std::vector<int32_t>* group, KvCache& cache);
 
 // Whether the chunk's K/V are still held (assemble_cache_releasing drops them).

@@ -92,7 +92,16 @@ ScoreOptions score_options(const Config& cfg, int n_layer) {
     so.layers = resolve_scoring_layers(cfg.scoring.layers, n_layer);
     so.aggregate_sum = cfg.scoring.aggregate == Config::Aggregate::sum;
     so.layout = cfg.scoring.layout;
+    so.value_norm = cfg.scoring.value_norm;
     return so;
+}
+
+SelectOptions select_options(const Config& cfg) {
+    SelectOptions o;
+    o.span = cfg.scoring.span;
+    o.chunk_decay = cfg.scoring.chunk_decay;
+    o.chunk_floor = cfg.scoring.chunk_floor;
+    return o;
 }
 
 SelectionInputs selection_inputs(const Config& cfg, const std::vector<int>& slot_chunk) {

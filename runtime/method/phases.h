@@ -1,7 +1,7 @@
 // The parts of the method's phases (docs/design.md §3, §5.2) that the single-rank pipeline and the
 // distributed one share: the request's checks and result, the chunk prefill of phase 1 (or the
-// load of its chunks from the KV store, docs/design.md §8), what phase 2 selects with, and the answer of
-// phase 4 on one cache. What differs between the two pipelines stays in their own files.
+// load of its chunks from the KV store, docs/design.md §8), what phase 2 selects with, and the
+// answer of phase 4 on one cache. What differs between the two pipelines stays in their own files.
 #pragma once
 
 #include <chrono>
@@ -17,6 +17,7 @@
 #include "runtime/method/pipeline.h"
 #include "runtime/method/request.h"
 #include "runtime/method/scoring.h"
+#include "runtime/method/selection.h"
 #include "runtime/model/generate.h"
 
 namespace infoflow {
@@ -51,6 +52,8 @@ std::vector<int> identity_order(int n);
 // Phase 2 (§3.3, §3.4): the scoring options of the config, the budget k = floor(ratio * T) and
 // which context slots may be chosen (chunk 0 is exact and never is).
 ScoreOptions score_options(const Config& cfg, int n_layer);
+// InfoFlow's selection options of the config (scoring.span, chunk_decay, chunk_floor).
+SelectOptions select_options(const Config& cfg);
 struct SelectionInputs {
     int k_budget = 0;
     std::vector<uint8_t> eligible;  // [T]
@@ -88,6 +91,5 @@ class PhaseClock {
     std::vector<PhaseTime>& out_;
     std::chrono::steady_clock::time_point t_;
 };
-
 
 }  // namespace infoflow

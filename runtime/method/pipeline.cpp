@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 #include <utility>
 
@@ -136,17 +137,18 @@ Context assemble_context(Model& model, const PreparedRequest& req, const Config&
     return x;
 }
 
-// CacheBlend (§4): layer 0 with full causal attention over the context, then the layer-1 K/V
-// deviation of every token picks S; every token's layer-1 K/V is replaced by the fresh one.
-Selection cacheblend_select(Model& model, const Config& cfg, Context& x,
-                            const SelectionInputs& in) {
+// CacheBlend's first steps (§4): layer 0 with full causal attention over the context, then
+// every token's fresh layer-1 K/V; returns the layer-1 deviation of each token (of V or K,
+// cacheblend.metric) and leaves the fresh layer-1 K/V in the cache and the layer-1 input of
+// every token in `h` ([T, n_embd]).
+std::vector<double> cacheblend_deviation(Model& model, const Config& cfg, Context& x, Buffer& h) {
     const ModelConfig& c = model.config();
     Backend& be = model.backend();
     const int T = int(x.gpos.size());
     const size_t row = size_t(x.cache.row());
     std::vector<int32_t> all_slots(T);
     std::iota(all_slots.begin(), all_slots.end(), 0);
-    Buffer h = be.alloc_floats(size_t(T) * c.n_embd);
+    h = be.alloc_floats(size_t(T) * c.n_embd);
     model.embed(x.slot_token.data(), T, h.data());
     // Layer 0 sees the whole context (exact on every rank too).
     const std::vector<int32_t> saved_groups = x.cache.group();
@@ -162,16 +164,63 @@ Selection cacheblend_select(Model& model, const Config& cfg, Context& x,
     std::vector<float> fresh(size_t(T) * row), cached(size_t(T) * row);
     be.download(fresh.data(), use_k ? k1.data() : v1.data(), fresh.size() * sizeof(float));
     be.download(cached.data(), old.data(), cached.size() * sizeof(float));
-    const std::vector<double> dev = kv_deviation(fresh.data(), cached.data(), T, int(row));
+    x.cache.write_range(1, 0, T, k1.data(), v1.data());
+    return kv_deviation(fresh.data(), cached.data(), T, int(row));
+}
+
+// A selection that starts the recompute at layer 1 from the layer-1 inputs `h` of every token.
+void start_at_layer_1(Model& model, const Buffer& h, Selection& s) {
+    const int E = model.config().n_embd;
+    Backend& be = model.backend();
+    s.first_layer = 1;
+    s.hidden = be.alloc_floats(std::max<size_t>(1, s.selected.size()) * E);
+    for (size_t i = 0; i < s.selected.size(); ++i) {
+        be.copy(s.hidden.data() + i * E, h.data() + size_t(s.selected[i]) * E, sizeof(float) * E);
+    }
+}
+
+// CacheBlend (§4): the tokens with the largest layer-1 deviation; every token's layer-1 K/V is
+// replaced by the fresh one.
+Selection cacheblend_select(Model& model, const Config& cfg, Context& x,
+                            const SelectionInputs& in) {
+    Buffer h;
+    const std::vector<double> dev = cacheblend_deviation(model, cfg, x, h);
     Selection s;
     s.selected = select_top_k(dev, x.gpos, in.eligible, in.k_budget);
-    x.cache.write_range(1, 0, T, k1.data(), v1.data());
-    s.first_layer = 1;
-    s.hidden = be.alloc_floats(std::max<size_t>(1, s.selected.size()) * c.n_embd);
-    for (size_t i = 0; i < s.selected.size(); ++i) {
-        be.copy(s.hidden.data() + i * c.n_embd, h.data() + size_t(s.selected[i]) * c.n_embd,
-                sizeof(float) * c.n_embd);
+    start_at_layer_1(model, h, s);
+    return s;
+}
+
+// InfoFlow (§3.3, §3.4) with the selection variants of docs/quality.md. With
+// scoring.deviation_weight = w > 0 CacheBlend's first steps run first (so the scoring pass sees
+// the fresh layer-1 K/V), each score is multiplied by deviation^w, and the recompute starts at
+// layer 1 as CacheBlend's does.
+Selection infoflow_select(Model& model, const PreparedRequest& req, const Config& cfg,
+                          const std::vector<ChunkKv>& chunks, Context& x,
+                          const SelectionInputs& in) {
+    const double w = cfg.scoring.deviation_weight;
+    Selection s;
+    Buffer h;
+    std::vector<double> dev;
+    if (w > 0.0) {
+        IF_CHECK(!x.grouped(),
+                 "scoring.deviation_weight with parallel.emulate_ranks is not "
+                 "implemented yet");
+        IF_CHECK(model.config().n_layer > 1, "scoring.deviation_weight needs >= 2 layers");
+        dev = cacheblend_deviation(model, cfg, x, h);
     }
+    const std::vector<int32_t> rows = scoring_rows(req, cfg.scoring.query);
+    const ScoreOptions opt = score_options(cfg, model.config().n_layer);
+    const int T = int(x.gpos.size());
+    std::vector<double> score = scores_in_context_cache(cfg)
+                                    ? score_assembled(model, x.cache, T, int32_t(T), rows, opt)
+                                    : score_context(model, chunks, x.order, rows, opt);
+    if (w > 0.0) {
+        for (int j = 0; j < T; ++j) score[size_t(j)] *= std::pow(dev[size_t(j)], w);
+    }
+    s.selected =
+        select_infoflow(score, x.gpos, in.eligible, x.slot_chunk, in.k_budget, select_options(cfg));
+    if (w > 0.0) start_at_layer_1(model, h, s);
     return s;
 }
 
@@ -182,16 +231,7 @@ Selection score_and_select(Model& model, const PreparedRequest& req, const Confi
     Selection s;
     switch (cfg.method.name) {
         case Config::Method::infoflow:
-            if (in.k_budget > 0) {
-                const std::vector<int32_t> rows = scoring_rows(req, cfg.scoring.query);
-                const ScoreOptions opt = score_options(cfg, model.config().n_layer);
-                const int T = int(x.gpos.size());
-                const std::vector<double> score =
-                    scores_in_context_cache(cfg)
-                        ? score_assembled(model, x.cache, T, int32_t(T), rows, opt)
-                        : score_context(model, chunks, x.order, rows, opt);
-                s.selected = select_top_k(score, x.gpos, in.eligible, in.k_budget);
-            }
+            if (in.k_budget > 0) s = infoflow_select(model, req, cfg, chunks, x, in);
             break;
         case Config::Method::epic:
             s.selected = epic_select(cfg, x.order, x.chunk_begin, x.chunk_size);
@@ -242,8 +282,7 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     // reform, h2o, streamingllm read contexts longer than the model's window (reform.h); they
     // have no chunk phase to share and no hook points yet.
     if (is_long_context_method(cfg.method.name)) {
-        IF_CHECK(hooks.chunks == nullptr && !hooks.before_decode && !hooks.after_decode &&
-                     !hooks.on_token,
+        IF_CHECK(!hooks.sweep_hooks() && !hooks.on_token,
                  "method.name = \"" << to_string(cfg.method.name)
                                     << "\": shared chunks and decode hooks (job sweep's "
                                        "fidelity, job serve's streaming) are not implemented "
@@ -263,6 +302,8 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
                           stop_ids, hooks);
     }
     MethodResult r = start_result(model, req, cfg, 1);
+    IF_CHECK(cfg.method.name != Config::Method::full || !hooks.forced_ref,
+             "method.name = \"full\" takes no forced_ref hook (use after_decode)");
     if (cfg.method.name == Config::Method::full) {
         return run_full(model, req, cfg, stop_ids, r, hooks);
     }
@@ -310,6 +351,12 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     GenerateOptions gen = generate_options(cfg, stop_ids);
     gen.on_token = hooks.on_token;
     if (x.grouped()) gen.group = 0;
+    if (hooks.forced_ref) {  // the same teacher forcing as on P ranks (run_method_sp)
+        const std::vector<float> rows =
+            teacher_forced_logits(model, x.cache, r.context_tokens + r.suffix_tokens,
+                                  r.first_logits, *hooks.forced_ref, gen.group);
+        if (hooks.on_forced && !hooks.on_forced(rows, r)) return r;
+    }
     if (hooks.before_decode && !hooks.before_decode(x.cache, r)) return r;
     decode_answer(model, x.cache, gen, r);
     clock.mark("decode");

@@ -94,6 +94,17 @@ struct RunHooks {
     // Sees every answer token as it is sampled; false ends the decode there (generate.h). The
     // one hook the distributed pipelines take too (runtime/parallel/run.h; rank 0 calls it).
     TokenCallback on_token;
+    // Teacher forcing inside a sequence-parallel run (run_method_sp; job sweep on virtual
+    // ranks), where no one rank's cache is the prompt: the tokens of `forced_ref` are fed after
+    // the prompt (over rank 0's cache in "kv", across the ranks in "exact") and their rows of
+    // logits ([max(1, n), n_vocab], row 0 = first_logits) go to `on_forced` on rank 0, which
+    // returns whether to decode (as before_decode does).
+    const std::vector<int32_t>* forced_ref = nullptr;
+    std::function<bool(const std::vector<float>& rows, MethodResult& r)> on_forced;
+    // Whether any of job sweep's hooks (all but on_token) is set.
+    bool sweep_hooks() const {
+        return chunks || before_decode || after_decode || forced_ref || on_forced;
+    }
 };
 MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
                         const std::vector<int32_t>& stop_ids, const RunHooks& hooks);

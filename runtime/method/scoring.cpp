@@ -61,12 +61,13 @@ namespace {
 class ScoreTap final : public LayerTap {
   public:
     ScoreTap(Backend& be, const ModelConfig& c, const std::vector<int>& layers, int n_cols,
-             bool aggregate_sum)
+             bool aggregate_sum, bool value_norm)
         : be_(be),
           c_(c),
           layers_(layers),
           n_cols_(n_cols),
           sum_(aggregate_sum),
+          value_norm_(value_norm),
           total_(n_cols, 0.0) {
         col_ = be_.alloc_floats(size_t(std::max(n_cols, 1)));
     }
@@ -77,8 +78,11 @@ class ScoreTap final : public LayerTap {
                       const int32_t* group, const KvCache& cache) override {
         const std::vector<float> col =
             layer_column_scores(be_, col_, c_, cache, layer, q, lse, n, pos, group, n_cols_, sum_);
+        const std::vector<double> vn =
+            value_norm_ ? value_row_norms(be_, cache, layer, 0, n_cols_) : std::vector<double>();
         for (int j = 0; j < n_cols_; ++j) {
-            total_[j] += sum_ ? double(col[j]) : std::sqrt(double(col[j]));
+            const double x = sum_ ? double(col[j]) : std::sqrt(double(col[j]));
+            total_[j] += value_norm_ ? x * vn[j] : x;
         }
     }
     std::vector<double> result() const {
@@ -95,6 +99,7 @@ class ScoreTap final : public LayerTap {
     std::vector<int> layers_;
     int n_cols_;
     bool sum_;
+    bool value_norm_;
     Buffer col_;
     std::vector<double> total_;
 };
@@ -122,9 +127,8 @@ std::vector<double> score_assembled(Model& model, KvCache& cache, int T, int32_t
     IF_CHECK(!rows.empty(), "scoring needs at least one row");
     const int max_layer = *std::max_element(opt.layers.begin(), opt.layers.end());
     IF_CHECK(max_layer < c.n_layer, "scoring layer " << max_layer << " >= n_layer " << c.n_layer);
-    IF_CHECK(cache.size() == T, "score_assembled: the cache holds " << cache.size()
-                                                                    << " slots, not the " << T
-                                                                    << " context slots");
+    IF_CHECK(cache.size() == T, "score_assembled: the cache holds "
+                                    << cache.size() << " slots, not the " << T << " context slots");
     const int n = int(rows.size());
     std::vector<int32_t> pos(n);
     for (int i = 0; i < n; ++i) pos[i] = row_start + i;
@@ -132,7 +136,7 @@ std::vector<double> score_assembled(Model& model, KvCache& cache, int T, int32_t
     std::vector<int32_t> slots(n);
     for (int i = 0; i < n; ++i) slots[i] = first + i;
 
-    ScoreTap tap(model.backend(), c, opt.layers, T, opt.aggregate_sum);
+    ScoreTap tap(model.backend(), c, opt.layers, T, opt.aggregate_sum, opt.value_norm);
     Buffer hidden = model.backend().alloc_floats(size_t(n) * c.n_embd);
     model.embed(rows.data(), n, hidden.data());
     for (int l = 0; l <= max_layer; ++l) {  // early exit after the deepest scoring layer
@@ -140,6 +144,24 @@ std::vector<double> score_assembled(Model& model, KvCache& cache, int T, int32_t
     }
     cache.truncate(T);
     return tap.result();
+}
+
+std::vector<double> value_row_norms(Backend& be, const KvCache& cache, int layer, int first,
+                                    int n) {
+    std::vector<double> out(size_t(std::max(n, 0)), 0.0);
+    if (n <= 0) return out;
+    const size_t row = size_t(cache.row());
+    Buffer v = be.alloc_floats(size_t(n) * row);
+    cache.read_range(layer, first, n, nullptr, v.data());
+    std::vector<float> host(size_t(n) * row);
+    be.download(host.data(), v.data(), host.size() * sizeof(float));
+    for (int j = 0; j < n; ++j) {
+        double s = 0.0;
+        for (size_t e = 0; e < row; ++e)
+            s += double(host[size_t(j) * row + e]) * host[size_t(j) * row + e];
+        out[size_t(j)] = std::sqrt(s);
+    }
+    return out;
 }
 
 std::vector<float> layer_column_scores(Backend& be, Buffer& col, const ModelConfig& c,

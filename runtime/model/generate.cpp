@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 
 #include "runtime/core/error.h"
 
@@ -45,6 +46,37 @@ GenerateResult generate(Model& model, KvCache& cache, const std::vector<float>& 
     r.decode_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return r;
+}
+
+std::vector<float> teacher_forced_logits(Model& model, KvCache& cache, int prompt,
+                                         const std::vector<float>& first_logits,
+                                         const std::vector<int32_t>& ref, int32_t group,
+                                         int slots) {
+    const int V = model.config().n_vocab;
+    IF_CHECK(int(first_logits.size()) == V, "teacher forcing: first logits have "
+                                                << first_logits.size() << " values, the model "
+                                                << V);
+    if (slots < 0) slots = prompt;
+    IF_CHECK(cache.size() >= slots,
+             "teacher forcing: the cache holds " << cache.size() << " slots, the prompt " << slots);
+    const int fed = std::max(0, int(ref.size()) - 1);
+    IF_CHECK(slots + fed <= cache.capacity(),
+             "teacher forcing: " << fed << " reference tokens after a prompt of " << slots
+                                 << " slots do not fit the cache (" << cache.capacity()
+                                 << " slots)");
+    cache.truncate(slots);
+    std::vector<float> rows(first_logits);
+    if (fed > 0) {
+        const std::vector<int32_t> toks(ref.begin(), ref.begin() + fed);
+        std::vector<int32_t> pos(static_cast<size_t>(fed));
+        std::iota(pos.begin(), pos.end(), prompt);
+        const std::vector<int32_t> groups(size_t(fed), group);
+        const std::vector<float> more =
+            model.forward(cache, toks, pos, true, group >= 0 ? &groups : nullptr);
+        rows.insert(rows.end(), more.begin(), more.end());
+        cache.truncate(slots);
+    }
+    return rows;
 }
 
 }  // namespace infoflow

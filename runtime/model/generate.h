@@ -40,4 +40,16 @@ GenerateResult generate(Model& model, KvCache& cache, const std::vector<float>& 
 std::vector<float> decode_step(Model& model, KvCache& cache, int32_t token, int32_t pos,
                                int32_t group = -1);
 
+// The logits of every step of `ref` under teacher forcing over `cache`, whose first `slots`
+// slots hold a finished prompt of `prompt` positions (0..prompt-1; slots = -1: `prompt`, the
+// single-rank cache; fewer on a rank of a distributed run): row 0 is `first_logits` (the
+// prediction of ref[0]), row t >= 1 the prediction of ref[t] after ref[0..t-1] were fed at
+// positions prompt.. . The cache is cut back to `slots` slots before and after. Rows:
+// max(1, ref.size()). `group` is the visibility group of the fed rows (-1 none). Used by job
+// `sweep` (runtime/jobs/fidelity.h) and the sequence-parallel pipeline's teacher forcing.
+std::vector<float> teacher_forced_logits(Model& model, KvCache& cache, int prompt,
+                                         const std::vector<float>& first_logits /*[n_vocab]*/,
+                                         const std::vector<int32_t>& ref, int32_t group = -1,
+                                         int slots = -1) /*[rows, n_vocab]*/;
+
 }  // namespace infoflow

@@ -7,7 +7,8 @@
 namespace infoflow {
 
 EmulatedRun run_emulated(Model& model, const PreparedRequest& req, const Config& cfg_in,
-                         int n_ranks, const LinkModel& link, const std::vector<int32_t>& stop_ids) {
+                         int n_ranks, const LinkModel& link, const std::vector<int32_t>& stop_ids,
+                         const RunHooks& hooks) {
     IF_CHECK(n_ranks >= 1, "emulated ranks: need at least 1 virtual rank, not " << n_ranks);
     Config cfg = cfg_in;
     cfg.parallel.emulate_ranks = 0;  // every virtual rank runs the distributed code itself
@@ -17,7 +18,7 @@ EmulatedRun run_emulated(Model& model, const PreparedRequest& req, const Config&
     EmulatedRun out;
     out.per_rank.resize(P);
     world.run([&](Communicator& comm) {
-        out.per_rank[comm.rank()] = run_request(model, req, cfg, comm, stop_ids);
+        out.per_rank[comm.rank()] = run_request(model, req, cfg, comm, stop_ids, hooks);
     });
 
     EmulatedTiming& t = out.timing;

@@ -1,6 +1,6 @@
-// Emulated ranks with timing (bench-ttft with bench.emulate_timing, docs/design.md §10): one request run
-// by P virtual ranks in one process, each a thread running the real distributed code (the
-// sequence-parallel pipeline or ring attention, through run_request) over a ThreadComm, taking
+// Emulated ranks with timing (bench-ttft with bench.emulate_timing, docs/design.md §10): one
+// request run by P virtual ranks in one process, each a thread running the real distributed code
+// (the sequence-parallel pipeline or ring attention, through run_request) over a ThreadComm, taking
 // turns on the one device (comm/thread_comm.h). The results are those of a real P-rank run (same
 // code, same messages, same byte counts); the times are measured per compute segment and laid
 // out with the alpha-beta model of the collectives (comm/comm_model.h) into a modelled critical
@@ -36,7 +36,9 @@ struct EmulatedRun {
 
 // Runs cfg's method on `n_ranks` virtual ranks. `full` always runs on one rank (the single-GPU
 // column). cfg.parallel.emulate_ranks is ignored (each virtual rank runs the distributed code).
+// `hooks` go to every virtual rank's run_request (job sweep: shared chunks, teacher forcing).
 EmulatedRun run_emulated(Model& model, const PreparedRequest& req, const Config& cfg, int n_ranks,
-                         const LinkModel& link, const std::vector<int32_t>& stop_ids);
+                         const LinkModel& link, const std::vector<int32_t>& stop_ids,
+                         const RunHooks& hooks = {});
 
 }  // namespace infoflow

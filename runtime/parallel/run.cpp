@@ -14,14 +14,17 @@ MethodResult run_on_ranks(Model& model, const PreparedRequest& req, const Config
                           Communicator& comm, const std::vector<int32_t>& stop_ids,
                           const RunHooks& hooks) {
     const Config::Method m = cfg.method.name;
+    const bool sp = comm.size() > 1 && m != Config::Method::ring && m != Config::Method::reform &&
+                    m != Config::Method::full && !is_long_context_method(m);
+    IF_CHECK(!hooks.sweep_hooks() || comm.size() == 1 || sp,
+             "method.name = \"" << to_string(m) << "\" on " << comm.size()
+                                << " ranks with job hooks (job sweep) is not implemented yet");
     if (m == Config::Method::ring) return run_ring(model, req, cfg, comm, stop_ids, hooks.on_token);
     if (comm.size() == 1) {
         MethodResult r = run_method(model, req, cfg, stop_ids, hooks);
         gather_phases(comm, r);
         return r;
     }
-    IF_CHECK(!hooks.chunks && !hooks.before_decode && !hooks.after_decode,
-             "shared chunks and decode hooks run on one rank only (" << comm.size() << " ranks)");
     if (m == Config::Method::reform) {
         IF_CHECK(!hooks.on_token,
                  "method.name = \"reform\": a token callback (job serve's streaming) on P ranks "
@@ -38,7 +41,7 @@ MethodResult run_on_ranks(Model& model, const PreparedRequest& req, const Config
         r.ranks = comm.size();
         return r;
     }
-    return run_method_sp(model, req, cfg, comm, stop_ids, hooks.on_token);
+    return run_method_sp(model, req, cfg, comm, stop_ids, hooks);
 }
 
 }  // namespace

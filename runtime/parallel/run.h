@@ -8,8 +8,10 @@
 
 namespace infoflow {
 
-// `hooks`: on one rank every RunHooks field (run_method); on P ranks only `on_token`, called on
-// rank 0 (job serve streams with it and ends generations with it); the others must be empty.
+// `hooks`: on one rank every RunHooks field (run_method); on P ranks `on_token` (called on rank
+// 0; job serve streams with it and ends generations with it) everywhere but reform, and job
+// sweep's hooks with the sequence-parallel methods only (run_method_sp); the others must be
+// empty.
 MethodResult run_request(Model& model, const PreparedRequest& req, const Config& cfg,
                          Communicator& comm, const std::vector<int32_t>& stop_ids,
                          const RunHooks& hooks = {});

@@ -132,6 +132,45 @@ std::vector<float> prefill_suffix_exact(Model& model, Communicator& comm,
     return logits;
 }
 
+std::vector<float> forced_rows_kv(Model& model, Communicator& comm, const PreparedRequest& req,
+                                  KvCache& cache, const std::vector<float>& first_logits,
+                                  const std::vector<int32_t>& ref) {
+    if (comm.rank() != 0) return {};
+    const int prompt = req.context_tokens() + int(req.suffix.size());
+    return teacher_forced_logits(model, cache, prompt, first_logits, ref, -1, cache.size());
+}
+
+std::vector<float> forced_rows_exact(Model& model, Communicator& comm, const PreparedRequest& req,
+                                     const Shard& sh, KvCache& cache,
+                                     const std::vector<float>& first_logits,
+                                     const std::vector<int32_t>& ref) {
+    const ModelConfig& c = model.config();
+    Backend& be = model.backend();
+    const int fed = std::max(0, int(ref.size()) - 1);
+    std::vector<float> rows;
+    if (comm.rank() == 0) rows = first_logits;
+    if (fed == 0) return rows;
+    const int restore = cache.size();
+    std::vector<int32_t> pos(fed), slots;
+    std::iota(pos.begin(), pos.end(), req.context_tokens() + int(req.suffix.size()));
+    if (comm.rank() == 0) {  // the fed rows' K/V are stored on rank 0, as the decode's are
+        const int first = cache.append(fed, pos.data(), nullptr);
+        for (int i = 0; i < fed; ++i) slots.push_back(first + i);
+    }
+    Buffer h = be.alloc_floats(size_t(fed) * c.n_embd);
+    model.embed(ref.data(), fed, h.data());
+    forward_replicated(model, comm, cache, sh.key_begin(), h.data(), fed, pos.data(),
+                       comm.rank() == 0 ? slots.data() : nullptr, c.n_layer, nullptr);
+    cache.truncate(restore);
+    if (comm.rank() != 0) return rows;
+    Buffer lg = be.alloc_floats(size_t(fed) * c.n_vocab);
+    model.logits(h.data(), fed, lg.data());
+    const size_t at = rows.size();
+    rows.resize(at + size_t(fed) * c.n_vocab);
+    be.download(rows.data() + at, lg.data(), size_t(fed) * c.n_vocab * sizeof(float));
+    return rows;
+}
+
 void decode_kv(Model& model, Communicator& comm, const Config& cfg,
                const std::vector<int32_t>& stop_ids, KvCache& cache, MethodResult& r,
                const TokenCallback& on_token) {

@@ -52,9 +52,12 @@ struct ShardPrefill {
 };
 // With a store, this rank's chunks that it holds are loaded, not prefilled; `loaded` is called
 // between the load and the prefill (prefill_context).
+// With `given` (every chunk of the request prefilled once, as prefill_context returns them; job
+// sweep) this rank's chunks are copied from it instead.
 ShardPrefill shard_prefill(Model& model, const PreparedRequest& req, const Config& cfg, int rank,
                            int n_ranks, ChunkSource* source = nullptr,
-                           const std::function<void()>& loaded = {});
+                           const std::function<void()>& loaded = {},
+                           const std::vector<ChunkKv>* given = nullptr);
 
 // Phase 2's output, identical on every rank except `own_hidden`.
 struct SpSelection {
@@ -89,6 +92,17 @@ std::vector<float> prefill_suffix_exact(Model& model, Communicator& comm,
 void decode_kv(Model& model, Communicator& comm, const Config& cfg,
                const std::vector<int32_t>& stop_ids, KvCache& cache, MethodResult& r,
                const TokenCallback& on_token = {});
+// Teacher forcing (RunHooks::forced_ref): the rows of logits of `ref` fed after the prompt
+// (first_logits, then one row per fed token) on rank 0; "kv" over rank 0's cache alone, "exact"
+// with the fed rows' attention merged across ranks (their K/V stored on rank 0 and dropped
+// after). Empty on the other ranks.
+std::vector<float> forced_rows_kv(Model& model, Communicator& comm, const PreparedRequest& req,
+                                  KvCache& cache, const std::vector<float>& first_logits,
+                                  const std::vector<int32_t>& ref);
+std::vector<float> forced_rows_exact(Model& model, Communicator& comm, const PreparedRequest& req,
+                                     const Shard& sh, KvCache& cache,
+                                     const std::vector<float>& first_logits,
+                                     const std::vector<int32_t>& ref);
 void decode_exact(Model& model, Communicator& comm, const Config& cfg,
                   const std::vector<int32_t>& stop_ids, const Shard& sh, KvCache& cache,
                   MethodResult& r, const TokenCallback& on_token = {});

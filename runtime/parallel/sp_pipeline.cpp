@@ -37,9 +37,16 @@ void gather_phases(Communicator& comm, MethodResult& r) {
 
 MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Config& cfg,
                            Communicator& comm, const std::vector<int32_t>& stop_ids,
-                           const TokenCallback& on_token) {
+                           const RunHooks& hooks) {
     check_recompute_method(cfg, "sequence-parallel");
     IF_CHECK(!cfg.method.reorder, "method.reorder = true runs on one rank only");
+    IF_CHECK(!hooks.before_decode && !hooks.after_decode,
+             "the sequence-parallel pipeline takes no before_decode/after_decode hooks (use "
+             "forced_ref/on_forced)");
+    IF_CHECK(!hooks.chunks ||
+                 (cfg.store.path.empty() && cfg.parallel.placement == Config::Placement::chunks),
+             "shared chunks (job sweep) with store.path or parallel.placement = \"tokens\" "
+             "on P ranks are not implemented yet");
     // parallel.placement = "tokens": chunks cut at the even shard edges of these P ranks (§5.1)
     const PreparedRequest req = place_request(req_in, cfg, comm.size());
     const bool exact = cfg.parallel.exchange == Config::Exchange::exact;
@@ -51,10 +58,13 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     // store_load, every rank reading the same file)
     clock.begin(cfg.store.path.empty() ? "shard_prefill" : "store_load");
     ChunkSource source(model, req, cfg);
-    ShardPrefill p = shard_prefill(model, req, cfg, comm.rank(), comm.size(), &source, [&] {
-        clock.end();
-        clock.begin("shard_prefill");
-    });
+    ShardPrefill p = shard_prefill(
+        model, req, cfg, comm.rank(), comm.size(), &source,
+        [&] {
+            clock.end();
+            clock.begin("shard_prefill");
+        },
+        hooks.chunks);
     const Shard& sh = p.shard;
     clock.end();
     r.shard_tokens = sh.place.shard_tokens;
@@ -77,11 +87,22 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
                            : prefill_suffix_kv(model, comm, req, p.cache);
     clock.end();
     r.ttft_ms = sum_ms(r.phases);
+    bool decode = true;
+    if (hooks.forced_ref) {  // teacher forcing, then rank 0 says whether to decode
+        const std::vector<float> rows =
+            exact ? forced_rows_exact(model, comm, req, sh, p.cache, r.first_logits,
+                                      *hooks.forced_ref)
+                  : forced_rows_kv(model, comm, req, p.cache, r.first_logits, *hooks.forced_ref);
+        int32_t go = 1;
+        if (comm.rank() == 0 && hooks.on_forced) go = hooks.on_forced(rows, r) ? 1 : 0;
+        comm.broadcast(&go, sizeof(go), 0);
+        decode = go != 0;
+    }
     clock.begin("decode");
-    if (exact) {
-        decode_exact(model, comm, cfg, stop_ids, sh, p.cache, r, on_token);
-    } else {
-        decode_kv(model, comm, cfg, stop_ids, p.cache, r, on_token);
+    if (decode && exact) {
+        decode_exact(model, comm, cfg, stop_ids, sh, p.cache, r, hooks.on_token);
+    } else if (decode) {
+        decode_kv(model, comm, cfg, stop_ids, p.cache, r, hooks.on_token);
     }
     clock.end();
 

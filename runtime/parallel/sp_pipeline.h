@@ -17,11 +17,13 @@ namespace infoflow {
 
 // Runs cfg.method (none | infoflow | cacheblend | epic) across the ranks of `comm`. The full
 // result (answer, logits) is on rank 0; every rank returns its own phases.
-// `on_token` (optional) is called on rank 0 with each answer token; false ends the decode on
-// every rank.
+// `hooks`: `on_token` (optional) is called on rank 0 with each answer token; false ends the
+// decode on every rank. Job sweep's: `chunks` replaces the shard prefill (each rank copies its
+// chunks from them), `forced_ref`/`on_forced` teacher-force a reference before the decode;
+// before_decode and after_decode are not called here (no rank's cache is the prompt).
 MethodResult run_method_sp(Model& model, const PreparedRequest& req, const Config& cfg,
                            Communicator& comm, const std::vector<int32_t>& stop_ids,
-                           const TokenCallback& on_token = {});
+                           const RunHooks& hooks = {});
 
 // Replicated rows (identical on every rank) through layers [0, n_layers): per layer the rows'
 // K/V are written to `row_slots` of the local cache when given (one rank stores them, so they

@@ -1,7 +1,8 @@
-// Phase 1 of the sequence-parallel method (docs/design.md §5.1, §5.2): the rank's shard of chunks is
-// prefilled (§3.1) and assembled at global positions; no messages.
+// Phase 1 of the sequence-parallel method (docs/design.md §5.1, §5.2): the rank's shard of chunks
+// is prefilled (§3.1) and assembled at global positions; no messages.
 #include <algorithm>
 
+#include "runtime/core/error.h"
 #include "runtime/method/phases.h"
 #include "runtime/method/scoring.h"
 #include "runtime/parallel/sp_phases.h"
@@ -21,7 +22,8 @@ bool keeps_chunk_kv(const Config& cfg, const ChunkSource* source) {
 }  // namespace
 
 ShardPrefill shard_prefill(Model& model, const PreparedRequest& req, const Config& cfg, int rank,
-                           int n_ranks, ChunkSource* source, const std::function<void()>& loaded) {
+                           int n_ranks, ChunkSource* source, const std::function<void()>& loaded,
+                           const std::vector<ChunkKv>* given) {
     Shard sh;
     sh.rank = rank;
     std::vector<int> sizes;
@@ -29,11 +31,30 @@ ShardPrefill shard_prefill(Model& model, const PreparedRequest& req, const Confi
     sh.place = place_chunks(sizes, n_ranks);
     const int first_chunk = sh.place.first_chunk[rank];
     const int end_chunk = sh.place.end_chunk[rank];
-    const bool keep = keeps_chunk_kv(cfg, source);
-    // Without kept K/V only chunk 0 is prefilled here; the own chunks go straight into the
-    // cache below.
-    sh.chunks = keep ? prefill_context(model, req, first_chunk, end_chunk, source, loaded)
-                     : prefill_context(model, req, first_chunk, first_chunk, source, loaded);
+    const bool keep = given != nullptr || keeps_chunk_kv(cfg, source);
+    if (given) {  // chunk 0 and this rank's chunks copied, the others as shadows
+        IF_CHECK(int(given->size()) == req.n_chunks(),
+                 "shard_prefill: " << given->size() << " given chunks for a request of "
+                                   << req.n_chunks());
+        const int lead = req.sink_id >= 0 ? 1 : 0;
+        for (int i = 0; i < req.n_chunks(); ++i) {
+            if (i == 0 || (i >= first_chunk && i < end_chunk)) {
+                sh.chunks.push_back(copy_chunk(model.backend(), (*given)[size_t(i)]));
+            } else {
+                ChunkKv c;
+                c.tokens = req.chunks[size_t(i)];
+                for (size_t t = 0; t < c.tokens.size(); ++t)
+                    c.local_pos.push_back(int32_t(lead + t));
+                sh.chunks.push_back(std::move(c));
+            }
+        }
+    } else if (keep) {
+        sh.chunks = prefill_context(model, req, first_chunk, end_chunk, source, loaded);
+    } else {
+        // Without kept K/V only chunk 0 is prefilled here; the own chunks go straight into the
+        // cache below.
+        sh.chunks = prefill_context(model, req, first_chunk, first_chunk, source, loaded);
+    }
 
     sh.gpos = global_positions(sh.chunks, identity_order(req.n_chunks()));
     for (int i = 0, at = 0; i < req.n_chunks(); ++i) {

@@ -1,5 +1,5 @@
-// Phase 2 of the sequence-parallel method (docs/design.md §5.2): scoring and selection, identical on
-// every rank. InfoFlow: the replicated scoring rows run with a globally merged softmax (or each
+// Phase 2 of the sequence-parallel method (docs/design.md §5.2): scoring and selection, identical
+// on every rank. InfoFlow: the replicated scoring rows run with a globally merged softmax (or each
 // rank's local one), each rank scores its own columns, one all-reduce of the per-token scores.
 // CacheBlend: layer 0 exact for every context token (pass-Q), each rank's layer-1 deviations,
 // one all-reduce. EPIC needs no messages.
@@ -7,6 +7,7 @@
 #include <cmath>
 #include <memory>
 
+#include "runtime/core/error.h"
 #include "runtime/method/phases.h"
 #include "runtime/method/scoring.h"
 #include "runtime/method/selection.h"
@@ -106,10 +107,15 @@ std::vector<double> score_sp(Model& model, Communicator& comm, const Shard& sh,
         sp.col = col.data();
         be.attention_scores(sp);
         be.download(host_col.data(), col.data(), host_col.size() * sizeof(float));
+        const std::vector<double> vn = opt.value_norm
+                                           ? value_row_norms(be, cache, l, key_begin, n_cols)
+                                           : std::vector<double>();
         for (int j = 0; j < n_cols; ++j) {
             const int g = sc.col_global[j];
             if (sh.rank != 0 && sh.chunk_of[g] == 0) continue;  // chunk 0 is scored by rank 0
-            total[g] += opt.aggregate_sum ? double(host_col[j]) : std::sqrt(double(host_col[j]));
+            const double x =
+                opt.aggregate_sum ? double(host_col[j]) : std::sqrt(double(host_col[j]));
+            total[g] += opt.value_norm ? x * vn[size_t(j)] : x;
         }
     };
 
@@ -190,12 +196,15 @@ SpSelection score_and_select(Model& model, Communicator& comm, const PreparedReq
     SpSelection s;
     switch (cfg.method.name) {
         case Config::Method::infoflow:
+            IF_CHECK(cfg.scoring.deviation_weight == 0.0,
+                     "scoring.deviation_weight on more than one rank is not implemented yet");
             if (in.k_budget > 0) {
                 const std::vector<double> score =
                     score_sp(model, comm, sh, cache, scoring_rows(req, cfg.scoring.query),
                              score_options(cfg, model.config().n_layer),
                              cfg.scoring.softmax == Config::Softmax::global);
-                s.selected = select_top_k(score, sh.gpos, in.eligible, in.k_budget);
+                s.selected = select_infoflow(score, sh.gpos, in.eligible, sh.chunk_of, in.k_budget,
+                                             select_options(cfg));
             }
             break;
         case Config::Method::epic: {

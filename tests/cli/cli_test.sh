@@ -26,6 +26,11 @@
 #                    valid row in <out>.jsonl and no half-written <out>.json
 #       resultsdir - bench-ttft with --out elsewhere writes nothing into bench/results/;
 #                    --results-dir DIR writes DIR/<output.name>.json and .csv
+#       qualitylong - every configs/quality-long-*.toml runs as a 2-case version (2 cases of
+#                    ~320 tokens in 4 documents, every case kept, from case 7 (sweep.first_case),
+#                    2 answer tokens), every point
+#                    of it (P-rank points included) gives a row, and the result validates
+#                    against docs/result.schema.json: the long configs cannot rot in CI
 #       install    - `cmake --install` into a temp prefix; the installed binary, with the
 #                    installed configs, answers the France question; docs and configs are there
 set -uo pipefail
@@ -290,6 +295,33 @@ jsonl)
     python3 -c 'import json,sys; r=json.loads(open(sys.argv[1]).readline()); assert r["length_target"]==256, r' \
         "$tmp/sweep.jsonl" || fail "the row is not the first case"
     echo "ok: interrupted sweep kept its first row"
+    ;;
+qualitylong)
+    n=0
+    for cfg in configs/quality-long-*.toml; do
+        name="$(basename "$cfg" .toml)"
+        "$bin" --config "$cfg" --set sweep.cases=2 --set sweep.full_correct_only=false \
+            --set sweep.first_case=7 \
+            --set decode.max_new_tokens=2 --set sweep.context_tokens=320 --set sweep.documents=4 \
+            --set 'sweep.document_tokens=[40, 120]' --set model.threads=2 \
+            --out "$tmp/$name.json" > "$tmp/$name.txt" 2>&1 \
+            || { cat "$tmp/$name.txt"; fail "$cfg (2-case version)"; }
+        python3 "$root/tests/cli/validate_result.py" "$root/docs/result.schema.json" \
+            "$tmp/$name.json" || exit 1
+        python3 - "$tmp/$name.json" <<'PY' || fail "$cfg: rows"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["case_spec"]["layout"] == "long", r["case_spec"]
+assert r["cases_kept"] == 2, r["cases_kept"]
+assert sorted({row["case"] for row in r["rows"]}) == [7, 8], "sweep.first_case = 7"
+assert len(r["rows"]) == 2 * (len(r["points"]) + 1), (len(r["rows"]), len(r["points"]))
+ranks = sorted({row["ranks"] for row in r["rows"]})
+print(f"ok: {sys.argv[1].rsplit('/', 1)[-1]}: {len(r['points'])} points x 2 cases, ranks {ranks}, "
+      f"{r['wall_s']:.0f} s")
+PY
+        n=$((n + 1))
+    done
+    [ "$n" -ge 7 ] || fail "expected at least 7 configs/quality-long-*.toml, found $n"
     ;;
 resultsdir)
     committed="$root/bench/results/ttft-smollm2-cpu.csv"

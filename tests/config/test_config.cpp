@@ -97,6 +97,11 @@ layout = "hl-hp"
 layers = [1, 2]
 softmax = "local"
 block = 256
+value_norm = true
+deviation_weight = 0.5
+span = 2
+chunk_decay = 0.1
+chunk_floor = 0.25
 [cacheblend]
 metric = "k"
 [epic]
@@ -118,6 +123,7 @@ top = 5
 comm = "nccl"
 exchange = "exact"
 emulate_ranks = 4
+virtual_ranks = 1
 balance = false
 link = "tcp"
 link_alpha_us = 50
@@ -172,6 +178,11 @@ documents = 3
 seed = 9
 full_correct_only = true
 cases_file = "out/cases.jsonl"
+first_case = 5
+document_tokens = [100, 400]
+depths = [0, 1]
+distractors = 2
+filler_file = "filler.txt"
 [store]
 path = "cache/kv.h5"
 mode = "read-write"
@@ -293,12 +304,18 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.scoring.layers == std::vector<int>{1, 2});
     CHECK(c.scoring.softmax == C::Softmax::local);
     CHECK(c.scoring.block == 256);
+    CHECK(c.scoring.value_norm);
+    CHECK(c.scoring.deviation_weight == 0.5);
+    CHECK(c.scoring.span == 2);
+    CHECK(c.scoring.chunk_decay == Approx(0.1));
+    CHECK(c.scoring.chunk_floor == 0.25);
     CHECK(c.cacheblend.metric == C::BlendMetric::k);
     CHECK(c.epic.mode == C::EpicMode::fixed);
     CHECK(c.epic.k == 8);
     CHECK(c.parallel.comm == C::Comm::nccl);
     CHECK(c.parallel.exchange == C::Exchange::exact);
     CHECK(c.parallel.emulate_ranks == 4);
+    CHECK(c.parallel.virtual_ranks == 1);
     CHECK(c.parallel.balance == C::Balance::off);
     CHECK(c.parallel.link == C::LinkKind::tcp);
     CHECK(c.parallel.link_alpha_us == 50.0);
@@ -355,6 +372,11 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.sweep.seed == 9);
     CHECK(c.sweep.full_correct_only);
     CHECK(c.sweep.cases_file == "out/cases.jsonl");
+    CHECK(c.sweep.first_case == 5);
+    CHECK(c.sweep.document_tokens == std::vector<int>{100, 400});
+    CHECK(c.sweep.depths == std::vector<double>{0.0, 1.0});
+    CHECK(c.sweep.distractors == 2);
+    CHECK(c.sweep.filler_file == "filler.txt");
     CHECK(c.request.reference == "Because.");
 
     // Every known key appears in the file above and differs from its default.
@@ -411,6 +433,12 @@ TEST_CASE("unknown keys name the key, FILE:LINE and the closest key", "[cpu][con
     // A section written as a value.
     const std::string e6 = error_of([] { parse("method = \"full\"\n"); });
     CHECK(e6 == "method at x.toml:1: expected a table (section [method]), got string");
+
+    // Virtual ranks belong to job sweep.
+    CHECK(error_of([] { parse("[parallel]\nvirtual_ranks = 2\n"); }) ==
+          "parallel.virtual_ranks at x.toml:2: virtual ranks are for job = \"sweep\" "
+          "(bench-ttft's are parallel.emulate_ranks with bench.emulate_timing)");
+    CHECK(parse("job = \"sweep\"\n[parallel]\nvirtual_ranks = 2\n").parallel.virtual_ranks == 2);
 }
 
 TEST_CASE("wrong types name the key and FILE:LINE", "[cpu][config]") {

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <numeric>
 
 #include "comm/communicator.h"
@@ -217,6 +218,143 @@ TEST_CASE("case generator: deterministic, the answer is in the evidence", "[qual
     CHECK_THROWS_WITH(make_case(spec, 0, words), Catch::Contains("sweep.kinds: 'riddles'"));
 }
 
+TEST_CASE("case generator: the original layout is unchanged", "[quality][cases]") {
+    // FNV-1a over 30 cases of this spec, as the generator before the long layout made them
+    // (bench/results/quality-smollm2.md was measured on such cases).
+    const TokenCounter words = [](const std::string& t) {
+        int n = 1;
+        for (char c : t) n += c == ' ';
+        return n;
+    };
+    CaseSpec spec;
+    spec.kinds = {"niah", "facts", "multihop"};
+    spec.documents = 5;
+    spec.context_tokens = 400;
+    spec.seed = 3;
+    REQUIRE(!spec.long_layout());
+    uint64_t h = 0xcbf29ce484222325ULL;
+    auto mix = [&](const std::string& s) {
+        for (unsigned char ch : s + "\x1f") h = (h ^ ch) * 0x100000001b3ULL;
+    };
+    for (int i = 0; i < 30; ++i) {
+        const QualityCase c = make_case(spec, i, words);
+        for (const auto& d : c.documents) mix(d);
+        mix(c.question);
+        mix(c.answers[0]);
+        mix(c.kind);
+        mix(c.relation);
+        for (int e : c.evidence_docs) mix(std::to_string(e));
+    }
+    CHECK(h == 0x612976e7698a0e52ULL);
+}
+
+TEST_CASE("case generator: the long layout", "[quality][cases]") {
+    const TokenCounter words = [](const std::string& t) {
+        int n = 1;
+        for (char c : t) n += c == ' ';
+        return n;
+    };
+    CaseSpec spec;
+    spec.kinds = {"niah", "facts", "multihop", "keys"};
+    spec.documents = 12;
+    spec.context_tokens = 3000;
+    spec.document_tokens = {128, 512};
+    spec.depths = {0.0, 0.5, 1.0};
+    spec.distractors = 4;
+    spec.seed = 11;
+    // Sentences that say something: a value after " is " / " in " / " as a " ends the sentence.
+    auto stated = [](const std::string& doc, const std::string& what) {
+        return doc.find(what) != std::string::npos;
+    };
+    for (int i = 0; i < 24; ++i) {
+        const QualityCase a = make_case(spec, i, words), b = make_case(spec, i, words);
+        CAPTURE(i, a.kind, a.question);
+        CHECK(a.documents == b.documents);
+        CHECK(a.kind == spec.kinds[size_t(i) % 4]);
+        REQUIRE(a.documents.size() == 12);
+        // Every kind at every depth in turn; the answer's document sits at the depth.
+        const double depth = spec.depths[size_t(i / 4) % 3];
+        CHECK(a.depth == depth);
+        CHECK(a.evidence_docs.back() == int(std::lround(depth * 11)));
+        CHECK(a.evidence_docs.size() == (a.kind == "multihop" ? 2u : 1u));
+        const std::string& ans = a.answers.at(0);
+        CHECK(stated(a.documents[size_t(a.evidence_docs.back())], ans));
+        // Distractors: the evidence's sentence shape in exactly `distractors` other documents.
+        // (numbers for niah and keys: the filler has no digits; the relation's words else)
+        const std::map<std::string, std::string> marker = {{"city", " lives in "},
+                                                           {"job", " works as a "},
+                                                           {"color", "favorite color is"},
+                                                           {"pet", " has a pet "},
+                                                           {"year", " was born in "}};
+        auto holds = [&](const std::string& doc) {
+            if (a.kind == "niah" || a.kind == "keys") {
+                return doc.find_first_of("0123456789") != std::string::npos;
+            }
+            return stated(doc, a.kind == "multihop" ? " lives in " : marker.at(a.relation));
+        };
+        int with = 0;
+        for (int d = 0; d < 12; ++d) {
+            if (d != a.evidence_docs.back() && holds(a.documents[size_t(d)])) ++with;
+        }
+        CHECK(with == 4);
+        // A number answer is stated in its document alone.
+        if (a.kind == "niah" || a.kind == "keys") {
+            for (int d = 0; d < 12; ++d) {
+                if (d != a.evidence_docs.back()) CHECK(!stated(a.documents[size_t(d)], ans));
+            }
+        }
+        // Lengths: about [128, 512] each (scaled to the total), the total near the target.
+        int total = 0;
+        for (int t : a.document_tokens) {
+            CHECK(t >= 80);
+            CHECK(t <= 600);
+            total += t;
+        }
+        CHECK(total <= 3000);  // whole sentences while they fit
+        CHECK(total > 2600);
+        CHECK(case_correct(a, "It is " + ans + "."));
+    }
+    // Cases are independent draws. (A state of seed * a + index * b, one SplitMix step apart,
+    // made case i + 1's draws case i's shifted by one: its answer was case i's first
+    // distractor number.)
+    CaseSpec nums = spec;
+    nums.kinds = {"niah"};
+    int shared = 0;
+    QualityCase prev = make_case(nums, 0, words);
+    for (int i = 1; i < 40; ++i) {
+        QualityCase next = make_case(nums, i, words);
+        for (const std::string& d : prev.documents) {
+            if (d.find(next.answers[0]) != std::string::npos) {
+                ++shared;
+                break;
+            }
+        }
+        prev = std::move(next);
+    }
+    CHECK(shared <= 1);
+    // Lengths vary within a case.
+    const QualityCase c = make_case(spec, 0, words);
+    CHECK(*std::max_element(c.document_tokens.begin(), c.document_tokens.end()) >
+          2 * *std::min_element(c.document_tokens.begin(), c.document_tokens.end()));
+    // Bad specs are named.
+    CaseSpec bad = spec;
+    bad.distractors = 45;
+    bad.documents = 48;
+    bad.context_tokens = 48 * 64;
+    CHECK_THROWS_WITH(make_case(bad, 0, words), Catch::Contains("sweep.distractors"));
+    bad = spec;
+    bad.document_tokens = {300, 200};
+    CHECK_THROWS_WITH(make_case(bad, 0, words), Catch::Contains("sweep.document_tokens"));
+    CaseSpec orig;
+    orig.kinds = {"keys"};
+    CHECK_THROWS_WITH(make_case(orig, 0, words), Catch::Contains("needs the long layout"));
+    // The spec is in the result.
+    const nlohmann::json j = case_spec_json(spec);
+    CHECK(j["layout"] == "long");
+    CHECK(j["distractors"] == 4);
+    CHECK(j["filler"]["builtin"] == true);
+}
+
 TEST_CASE("answer job writes the first-token log-probs file (SmolLM2)", "[quality][model]") {
     const std::string model = INFOFLOW_MODEL_PATH;
     if (!fs::exists(model)) FAIL("real model " << model << " is missing: run launch/setup.sh");
@@ -297,4 +435,48 @@ TEST_CASE("sweep end to end on SmolLM2: full is exact, ratio 1 is exact, none is
     // A point may not change what every point shares.
     cfg.sweep.points = {"decode.max_new_tokens=3"};
     CHECK_THROWS_WITH(run_sweep(cfg, *s), Catch::Contains("changes [decode]"));
+}
+
+TEST_CASE("sweep on virtual ranks: exact equals one rank, kv at ratio 1 equals full",
+          "[quality][model]") {
+    const std::string model = INFOFLOW_MODEL_PATH;
+    if (!fs::exists(model)) FAIL("real model " << model << " is missing: run launch/setup.sh");
+    Config cfg;
+    cfg.job = Config::Job::sweep;
+    cfg.model.path = model;
+    cfg.model.weights = Config::Weights::f32;  // the exact reference (see the test above)
+    cfg.decode.max_new_tokens = 4;
+    cfg.method.ratio = 0.3;
+    cfg.sweep.cases = 1;  // lean: this test also runs under the sanitizers
+    cfg.sweep.kinds = {"facts"};
+    cfg.sweep.documents = 3;
+    cfg.sweep.context_tokens = 150;
+    cfg.sweep.points = {"method.name=infoflow", "parallel.virtual_ranks=2; parallel.exchange=exact",
+                        "parallel.virtual_ranks=3; scoring.softmax=local",
+                        "parallel.virtual_ranks=2; method.ratio=1.0"};
+    std::unique_ptr<Session> s = open_session(cfg);
+    const nlohmann::json out = run_sweep(cfg, *s);
+    const auto& rows = out["rows"];
+    REQUIRE(rows.size() == 5);  // full + 4 points
+    const auto& one = rows[1];
+    const auto& exact2 = rows[2];
+    CAPTURE(exact2.dump().substr(0, 300));
+    CHECK(one["ranks"] == 1);
+    CHECK(exact2["ranks"] == 2);
+    CHECK(exact2["exchange"] == "exact");
+    CHECK(exact2["critical_path"].size() >= 3);
+    // "exact" on 2 ranks is the one-rank run: the same tokens, the same fidelity.
+    CHECK(exact2["selected_fraction"] == one["selected_fraction"]);
+    CHECK(std::fabs(exact2["mean_kl"].get<double>() - one["mean_kl"].get<double>()) <
+          1e-4 + 1e-3 * one["mean_kl"].get<double>());
+    CHECK(one["mean_kl"].get<double>() > 1e-3);  // not exact, so the equality says something
+    CHECK(rows[3]["ranks"] == 3);
+    CHECK(rows[3]["softmax"] == "local");
+    CHECK(rows[3]["exchange"] == "kv");
+    // "kv" recomputing every token is the exact run.
+    CHECK(rows[4]["mean_kl"].get<double>() < 1e-4);
+    CHECK(rows[4]["selected_fraction"].get<double>() > 0.5);
+    // A point may change only the P-rank keys of [parallel].
+    cfg.sweep.points = {"parallel.placement=tokens"};
+    CHECK_THROWS_WITH(run_sweep(cfg, *s), Catch::Contains("changes [parallel]"));
 }

@@ -1,10 +1,12 @@
-// Scoring (docs/design.md §3.3) against a plain reference that materializes the attention matrix, for
-// both aggregates and all four layouts; the positions each layout assigns; selection
+// Scoring (docs/design.md §3.3) against a plain reference that materializes the attention matrix,
+// for both aggregates and all four layouts; the positions each layout assigns; selection
 // tie-breaking (§3.4); EPIC's set and the reorder rule (§3.7, §4) on hand-built cases.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
+#include <random>
 
 #include "runtime/method/chunk_kv.h"
 #include "runtime/method/scoring.h"
@@ -89,11 +91,14 @@ TEST_CASE("scoring equals a materialized attention reference", "[scoring]") {
     const std::vector<int> layers{1, 3};
     for (auto layout : {Config::Layout::global, Config::Layout::hl_tp, Config::Layout::hl_hp,
                         Config::Layout::tl_tp}) {
-        for (bool sum : {false, true}) {
+        for (int variant = 0; variant < 3; ++variant) {
+            // norm, sum, and norm with scoring.value_norm (each layer's column x ||v_j||)
+            const bool sum = variant == 1, vnorm = variant == 2;
             ScoreOptions opt;
             opt.layout = layout;
             opt.layers = layers;
             opt.aggregate_sum = sum;
+            opt.value_norm = vnorm;
             const std::vector<double> got = score_context(*tm.m, chunks, order, rows, opt);
 
             // Reference: run the rows with a capturing tap, then build P in double precision.
@@ -116,6 +121,17 @@ TEST_CASE("scoring equals a materialized attention reference", "[scoring]") {
                 tm.m->layer_forward(l, h.data(), n, pos.data(), nullptr, slots.data(), cache, &tap);
                 if (l != 1 && l != 3) continue;
                 std::vector<double> abar(size_t(n) * T, 0.0);
+                // ||v_j|| of this layer, all KV heads (value_norm); 1 otherwise.
+                std::vector<double> vn(T, 1.0);
+                for (int j = 0; vnorm && j < T; ++j) {
+                    double sq = 0.0;
+                    for (int e = 0; e < row; ++e) {
+                        const double x = cache.v(l)[size_t(j) * row + e];
+                        sq += x * x;
+                    }
+                    vn[j] = std::sqrt(sq);
+                }
+                std::vector<double> layer_ref(T, 0.0);
                 for (int hh = 0; hh < c.n_head; ++hh) {
                     for (int i = 0; i < n; ++i) {
                         std::vector<double> s(T + n, -INFINITY);
@@ -136,7 +152,7 @@ TEST_CASE("scoring equals a materialized attention reference", "[scoring]") {
                         for (int j = 0; j < T; ++j) {
                             const double p = s[j] == -INFINITY ? 0.0 : std::exp(s[j] - mx) / z;
                             if (sum) {
-                                ref[j] += p;
+                                layer_ref[j] += p;
                             } else {
                                 abar[size_t(i) * T + j] += p / c.n_head;
                             }
@@ -148,11 +164,12 @@ TEST_CASE("scoring equals a materialized attention reference", "[scoring]") {
                         double sq = 0.0;
                         for (int i = 0; i < n; ++i)
                             sq += abar[size_t(i) * T + j] * abar[size_t(i) * T + j];
-                        ref[j] += std::sqrt(sq) / double(layers.size());
+                        layer_ref[j] = std::sqrt(sq) / double(layers.size());
                     }
                 }
+                for (int j = 0; j < T; ++j) ref[j] += layer_ref[j] * vn[j];
             }
-            CAPTURE(to_string(layout), sum);
+            CAPTURE(to_string(layout), sum, vnorm);
             REQUIRE(got.size() == ref.size());
             double worst = 0.0, top = 0.0;
             for (int j = 0; j < T; ++j) {
@@ -180,6 +197,124 @@ TEST_CASE("selection: top-k with ties to the lower position, sorted, chunk 0 exc
     CHECK(recompute_budget(0.15, 1000) == 150);
     CHECK(recompute_budget(1.0, 37) == 37);
     CHECK(recompute_budget(0.0, 37) == 0);
+}
+
+namespace {
+
+// select_infoflow by its definition, as a greedy loop: scores max-pooled over the span (same
+// chunk), quotas filled first with each chunk's best pooled scores, then one slot at a time the
+// slot whose pooled score / (1 + decay * (slots already taken from its chunk)) is largest.
+std::vector<int> greedy_reference(const std::vector<double>& score, const std::vector<int32_t>& pos,
+                                  const std::vector<uint8_t>& el, const std::vector<int>& chunk,
+                                  int k, const SelectOptions& o) {
+    const int T = int(score.size());
+    std::vector<double> s(score);
+    for (int j = 0; j < T; ++j) {
+        for (int i = 0; i < T; ++i) {
+            if (el[j] && el[i] && chunk[i] == chunk[j] && std::abs(i - j) <= o.span) {
+                s[j] = std::max(s[j], score[i]);
+            }
+        }
+    }
+    auto before = [&](int a, int b) { return s[a] != s[b] ? s[a] > s[b] : pos[a] < pos[b]; };
+    std::map<int, int> n_c, taken;
+    int N = 0;
+    for (int j = 0; j < T; ++j) {
+        if (el[j]) ++n_c[chunk[j]], ++N;
+    }
+    k = std::min(k, N);
+    const int F = int(std::floor(o.chunk_floor * k + 1e-9));
+    std::vector<uint8_t> in(T, 0);
+    std::vector<int> quota;
+    for (const auto& [c, n] : n_c) {
+        const int q = F > 0 ? std::min(n, std::max(1, int(int64_t(F) * n / N))) : 0;
+        std::vector<int> mine;
+        for (int j = 0; j < T; ++j) {
+            if (el[j] && chunk[j] == c) mine.push_back(j);
+        }
+        std::sort(mine.begin(), mine.end(), before);
+        quota.insert(quota.end(), mine.begin(), mine.begin() + q);
+    }
+    // the weight a slot would have if taken next from its chunk (its rank among the chunk's)
+    auto weight = [&](int j) {
+        int rank = 0;
+        for (int i = 0; i < T; ++i) rank += el[i] && chunk[i] == chunk[j] && before(i, j);
+        return s[j] / (1.0 + o.chunk_decay * rank);
+    };
+    auto wbefore = [&](int a, int b) {
+        const double wa = weight(a), wb = weight(b);
+        return wa != wb ? wa > wb : pos[a] < pos[b];
+    };
+    std::vector<int> out;
+    if (int(quota.size()) >= k) {
+        std::sort(quota.begin(), quota.end(), wbefore);
+        out.assign(quota.begin(), quota.begin() + k);
+    } else {
+        for (int j : quota) in[j] = 1, ++taken[chunk[j]];
+        out = quota;
+        while (int(out.size()) < k) {
+            int best = -1;
+            double bw = 0.0;
+            for (int j = 0; j < T; ++j) {
+                if (!el[j] || in[j]) continue;
+                const double w = s[j] / (1.0 + o.chunk_decay * taken[chunk[j]]);
+                if (best < 0 || w > bw || (w == bw && pos[j] < pos[best])) best = j, bw = w;
+            }
+            in[best] = 1;
+            ++taken[chunk[best]];
+            out.push_back(best);
+        }
+    }
+    std::sort(out.begin(), out.end(), [&](int a, int b) { return pos[a] < pos[b]; });
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("selection variants: hand cases and a greedy reference", "[selection]") {
+    // chunk 0 = slot 0; chunk 1 = slots 1..5; chunk 2 = slots 6..9; chunk 3 = slots 10..11.
+    const std::vector<int> chunk{0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3};
+    const std::vector<double> score{9, 1, 8, 1, 1, 7, 0.5, 0.2, 0.3, 0.1, 0.05, 0.04};
+    std::vector<int32_t> pos(12);
+    std::iota(pos.begin(), pos.end(), 0);
+    std::vector<uint8_t> el(12, 1);
+    el[0] = 0;
+    SelectOptions o;
+    CHECK(select_infoflow(score, pos, el, chunk, 3, o) == select_top_k(score, pos, el, 3));
+    o.span = 1;  // the neighbours of the peaks at 2 and 5 come first (ties: lower position)
+    CHECK(select_infoflow(score, pos, el, chunk, 3, o) == std::vector<int>{1, 2, 3});
+    CHECK(select_infoflow(score, pos, el, chunk, 6, o) == std::vector<int>{1, 2, 3, 4, 5, 6});
+    o = SelectOptions();
+    o.chunk_floor = 1.0;  // every chunk gets a quota: 4 slots -> chunks 1, 2, 3 at least one
+    const std::vector<int> fl = select_infoflow(score, pos, el, chunk, 4, o);
+    CHECK(fl == std::vector<int>{2, 5, 6, 10});
+    o = SelectOptions();
+    o.chunk_decay = 100.0;  // the second slot of chunk 1 counts 7/101 < chunk 2's best 0.5
+    CHECK(select_infoflow(score, pos, el, chunk, 2, o) == std::vector<int>{2, 6});
+
+    // Random cases against the greedy reference.
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 300; ++trial) {
+        const int K = 2 + int(rng() % 5);
+        std::vector<int> ch{0, 0};
+        for (int c = 1; c < K; ++c) {
+            for (int t = 0, n = 1 + int(rng() % 9); t < n; ++t) ch.push_back(c);
+        }
+        const int T = int(ch.size());
+        std::vector<double> sc(T);
+        for (double& x : sc) x = double(rng() % 7);  // many ties
+        std::vector<int32_t> ps(T);
+        std::iota(ps.begin(), ps.end(), 0);
+        std::vector<uint8_t> e(T);
+        for (int j = 0; j < T; ++j) e[j] = ch[j] != 0;
+        SelectOptions opt;
+        opt.span = int(rng() % 3);
+        opt.chunk_decay = (rng() % 3) * 0.5;
+        opt.chunk_floor = (rng() % 5) * 0.25;
+        const int k = int(rng() % uint32_t(T + 2));
+        CAPTURE(trial, opt.span, opt.chunk_decay, opt.chunk_floor, k);
+        CHECK(select_infoflow(sc, ps, e, ch, k, opt) == greedy_reference(sc, ps, e, ch, k, opt));
+    }
 }
 
 TEST_CASE("epic takes the leading tokens of every chunk after chunk 0", "[selection]") {
@@ -254,7 +389,8 @@ TEST_CASE("scoring in the context cache and the releasing assembly change no bit
     }
 }
 
-TEST_CASE("prefill_chunk_into writes the rows prefill_chunk and assemble_cache write", "[scoring]") {
+TEST_CASE("prefill_chunk_into writes the rows prefill_chunk and assemble_cache write",
+          "[scoring]") {
     // The sequence-parallel shard prefill puts each own chunk straight into the shard's cache
     // through one reused scratch cache; every row must equal the keeping path's bit for bit, in
     // every KV type, with and without a sink, re-rotated or not.
@@ -275,15 +411,14 @@ TEST_CASE("prefill_chunk_into writes the rows prefill_chunk and assemble_cache w
             KvCache direct = tm.m->make_cache(T + 4);
             const int c0 = chunks[0].size();
             assemble_cache(*tm.m, chunks, {0},
-                           std::vector<int32_t>(gpos.begin(), gpos.begin() + c0), nullptr,
-                           direct);
+                           std::vector<int32_t>(gpos.begin(), gpos.begin() + c0), nullptr, direct);
             KvCache scratch = tm.m->make_cache(14 + (sink ? 1 : 0));  // the longest chunk
             for (size_t k = 1; k < order.size(); ++k) {
                 const int ci = order[k];
                 const int at = direct.size();
                 direct.append(chunks[ci].size(), gpos.data() + at, nullptr);
-                const ChunkKv shadow = prefill_chunk_into(*tm.m, req.chunks[ci], req.sink_id,
-                                                          scratch, direct, at);
+                const ChunkKv shadow =
+                    prefill_chunk_into(*tm.m, req.chunks[ci], req.sink_id, scratch, direct, at);
                 CHECK_FALSE(has_kv(shadow));
                 CHECK(shadow.tokens == chunks[ci].tokens);
                 CHECK(shadow.local_pos == chunks[ci].local_pos);
