@@ -16,11 +16,9 @@
 // Each child prints "child: ready" on stderr just before the step that must time out, so the
 // script times the deadline from there, not from the process start (CUDA context creation and
 // NCCL's library load may take seconds on a fresh machine).
-#define CATCH_CONFIG_RUNNER
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +31,7 @@
 
 #include "comm/communicator.h"
 #include "comm/nccl_comm.h"
+#include "tests/catch_session.h"
 #include "tests/gpu_nccl/gpu_nccl_test.h"
 
 namespace infoflow {
@@ -142,9 +141,7 @@ int main(int argc, char** argv) {
         opts.timeout_s = 120.0;
         std::unique_ptr<Communicator> comm = make_communicator("nccl", opts);
         g_nccl = comm.get();
-        Catch::Session session;
-        int rc = session.applyCommandLine(argc, argv);
-        if (rc == 0) rc = session.run();
+        int rc = infoflow::testing::run_catch_session(argc, argv);
         int32_t all = rc;
         comm->all_reduce(&all, 1, DType::i32, ReduceOp::max);  // host buffer: host channel
         g_nccl = nullptr;

@@ -4,7 +4,6 @@
 // and shard groups (the device-built mask also checked bit for bit against the host one), GQA,
 // odd sizes, strided K/V, a fully masked query (out 0, lse -inf) and an empty key set.
 // Tolerance: docs/design.md §6 bf16 GPU vs CPU, 2e-2 relative. Exits 77 (CTest: skipped) without a device.
-#define CATCH_CONFIG_RUNNER
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include "kernels/cuda/attn_mask.h"
 #include "kernels/cuda/flashinfer_attention.h"
 #include "runtime/core/half.h"
+#include "tests/catch_session.h"
 #include "tests/kernels/ref_ops.h"
 
 using namespace infoflow;
@@ -427,5 +427,5 @@ int main(int argc, char** argv) {
                     e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
         return 77;
     }
-    return Catch::Session().run(argc, argv);
+    return infoflow::testing::run_catch_session(argc, argv);
 }
