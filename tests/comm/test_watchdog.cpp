@@ -30,7 +30,9 @@ struct FakeChannel : WatchdogChannel {
 }  // namespace
 
 TEST_CASE("watchdog: a wait that completes returns, serving the channel", "[comm][watchdog]") {
-    Watchdog wd(0, 3, {0.5, 0.5});
+    // Deadlines far beyond the wait: 5000 polls take microseconds when the thread runs, but on a
+    // loaded machine the wait passes 50 ms and sleeps 100 us per poll (it failed at 0.5 s).
+    Watchdog wd(0, 3, {30.0, 30.0});
     FakeChannel ch;
     wd.set_channel(&ch);
     int polls = 0;
