@@ -711,6 +711,7 @@ const std::vector<Field>& fields() {
         using B = C::BenchSection;
         f.push_back(int_array_field("bench.lengths", bench, &B::lengths, 1, false));
         f.push_back(enum_array_field("bench.methods", bench, &B::methods));
+        f.push_back(string_array_field("bench.rows", bench, &B::rows, true));
         f.push_back(int_field("bench.runs", bench, &B::runs, 1));
         f.push_back(int_field("bench.warmup", bench, &B::warmup, 0));
         f.push_back(int_field("bench.threads", bench, &B::threads, 0));

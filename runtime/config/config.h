@@ -187,6 +187,8 @@ struct Config {
     struct BenchSection {
         std::vector<int> lengths = {8192, 16384, 32768};  // context tokens, each > 0
         std::vector<Method> methods = {Method::full, Method::ring, Method::infoflow};
+        // Row labels to run ("single", "ring/zigzag", "infoflow/kv", ...); empty = every row.
+        std::vector<std::string> rows;
         int runs = 5;     // timed runs, median reported, >= 1
         int warmup = 1;   // >= 0
         int threads = 0;  // CPU threads per rank for the benchmark; 0 = model.threads

@@ -251,6 +251,10 @@ const std::map<std::string, std::string>& descriptions() {
         {"eval.task", "dataset / metric name, e.g. `hotpotqa`"},
         {"bench.lengths", "context lengths in tokens (docs/design.md §10)"},
         {"bench.methods", "methods, as in `method.name`"},
+        {"bench.rows",
+         "rows to run, by label: `single`, `ring/zigzag`, `ring/contiguous`, `ring/allgather`, "
+         "`<method>/kv`, `<method>/exact` on P ranks, `<method>` on one; `[]` = every row of "
+         "`bench.methods`"},
         {"bench.runs", "timed runs per row; the median is reported"},
         {"bench.warmup", "untimed runs before them"},
         {"bench.spread_limit",

@@ -121,7 +121,23 @@ std::vector<Variant> make_variants(const Config& base, int P) {
             variants.push_back({to_string(m), c});
         }
     }
-    return variants;
+    if (base.bench.rows.empty()) return variants;
+    // bench.rows keeps the named rows, in their usual order; a name that is not a row is an error.
+    std::vector<Variant> kept;
+    std::string all;
+    for (const Variant& v : variants) all += (all.empty() ? "" : ", ") + v.label;
+    for (const std::string& want : base.bench.rows) {
+        bool found = false;
+        for (const Variant& v : variants) found = found || v.label == want;
+        IF_CHECK(found, "bench.rows: '" << want << "' is not a row of bench.methods on " << P
+                                        << " rank(s) (the rows: " << all << ")");
+    }
+    for (const Variant& v : variants) {
+        for (const std::string& want : base.bench.rows) {
+            if (v.label == want) kept.push_back(v);
+        }
+    }
+    return kept;
 }
 
 // Where the job runs: P ranks of the communicator, or P virtual ranks (bench.emulate_timing)

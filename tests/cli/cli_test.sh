@@ -346,6 +346,23 @@ resultsdir)
         || { ls "$tmp/res"; fail "--results-dir did not write ttft-smollm2-cpu.{json,csv}"; }
     grep -q "min ms *median ms *max ms *spread" "$tmp/out.txt" || fail "no min/median/max table"
     echo "ok: nothing written into bench/results/ unless asked"
+    # bench.rows: only the named rows run (here on 2 emulated ranks); a name that is not a row
+    # is an error that lists the rows.
+    emul=(--set bench.emulate_timing=true --set parallel.emulate_ranks=2)
+    "$bin" --config configs/bench-ttft-smollm2.toml "${args[@]}" "${emul[@]}" \
+        --set 'bench.rows=["infoflow/kv", "single"]' --out "$tmp/rows.json" > "$tmp/out.txt" \
+        || { cat "$tmp/out.txt"; fail "bench.rows"; }
+    python3 - "$tmp/rows.json" <<'PY' || fail "bench.rows: the rows run"
+import json, sys
+labels = [r["method"] for r in json.load(open(sys.argv[1]))["rows"]]
+assert labels == ["single", "infoflow/kv"], labels
+print("ok: bench.rows ran", labels)
+PY
+    "$bin" --config configs/bench-ttft-smollm2.toml "${args[@]}" "${emul[@]}" \
+        --set 'bench.rows=["infoflow"]' > "$tmp/out.txt" 2>&1 && fail "bench.rows: a bad label passed"
+    grep -q "bench.rows: 'infoflow' is not a row of bench.methods on 2 rank(s) (the rows: single, ring/zigzag, ring/contiguous, infoflow/kv, infoflow/exact)" \
+        "$tmp/out.txt" || { cat "$tmp/out.txt"; fail "bench.rows: the error"; }
+    echo "ok: bench.rows keeps the named rows and rejects others"
     ;;
 install)
     build="$(dirname "$bin")"
