@@ -525,11 +525,13 @@ def limits_rows(a, failures):
     waits, a third gets 429; the deadline ends both running ones (504; in the stream, an error
     event and no [DONE])."""
     srv = Server(a.bin, a.mpiexec, a.np, CONFIG, common_sets(a.np) + [
-        "serve.queue_size=1", "serve.request_timeout_s=2", "serve.max_tokens=256"])
+        "serve.queue_size=1", "serve.request_timeout_s=2", "serve.max_tokens=4096"])
+    # 4000 tokens: far past the deadline on any machine (200 finished within 2 s on a fast one).
+    long_req = dict(LONG, max_tokens=4000)
     rows = []
     try:
         c = srv.conn(timeout=120)
-        c.request("POST", "/v1/chat/completions", body=json.dumps(LONG),
+        c.request("POST", "/v1/chat/completions", body=json.dumps(long_req),
                   headers={"Content-Type": "application/json"})
         stream = c.getresponse()
         first = stream.read1(4096)  # the stream has started: the worker is busy with it
@@ -537,7 +539,7 @@ def limits_rows(a, failures):
 
         def second():
             waiting["r"] = srv.request("POST", "/v1/chat/completions",
-                                       dict(LONG, stream=False), timeout=120)
+                                       dict(long_req, stream=False), timeout=120)
 
         th = threading.Thread(target=second)
         th.start()
