@@ -599,6 +599,7 @@ const std::vector<Field>& fields() {
         f.push_back(bool_field("model.check_finite", model, &C::ModelSection::check_finite));
         f.push_back(enum_field("model.kv_dtype", model, &C::ModelSection::kv_dtype));
         f.push_back(enum_field("model.weights", model, &C::ModelSection::weights));
+        f.push_back(int_field("model.positions", model, &C::ModelSection::positions, 0));
         f.push_back(enum_field("cpu.isa", &C::cpu, &C::CpuSection::isa));
 
         const auto req = &C::request;

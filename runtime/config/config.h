@@ -64,6 +64,9 @@ struct Config {
         bool check_finite = true;         // reject NaN/Inf in the loaded weights, naming the tensor
         KvDType kv_dtype = KvDType::f32;  // storage type of the KV cache
         Weights weights = Weights::native;  // CPU: matrices kept in the file's stored type
+        // Positions the model accepts; 0 = its trained window. More runs RoPE positions past the
+        // window: timing only (bench-ttft beyond SmolLM2's 8192 positions).
+        int positions = 0;
     };
     struct CpuSection {
         CpuIsa isa = CpuIsa::automatic;  // CPU kernel path (kernels/cpu/cpu_features.h)

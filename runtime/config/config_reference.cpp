@@ -61,6 +61,12 @@ const std::map<std::string, std::string>& descriptions() {
         {"model.check_finite",
          "reject NaN/Inf in any loaded tensor of a model file, naming the tensor"},
         {"model.threads", "CPU threads per rank; `0` = all cores (the OpenMP default)"},
+        {"model.positions",
+         "positions the model accepts; `0` = its trained window (GGUF `context_length`, "
+         "`max_position_embeddings`). A larger value lets requests run past the window with the "
+         "same RoPE: the answers there mean nothing, so it is for timing only (bench-ttft at "
+         "16K-32K on SmolLM2's shape; the table and rows say `past window`); a warning is "
+         "printed at load"},
         {"model.kv_dtype",
          "storage type of the KV cache: `f32` (the exact reference), `f16` or `bf16` (half the "
          "memory and half the K/V bytes exchanged between ranks; attention widens to fp32 and "

@@ -345,6 +345,8 @@ nlohmann::json make_row(const Session& s, const PreparedRequest& req, const Vari
         {"ttft_runs_ms", ttft},
         {"spread", spread},
         {"noisy", spread > base.bench.spread_limit},
+        // Positions beyond the model's trained window (model.positions): the row is timing only.
+        {"past_window", req.context_tokens() + int(req.suffix.size()) > s.trained_positions},
         {"speedup_vs_single", single_ms > 0 ? json(single_ms / med) : json(nullptr)},
         {"speedup_vs_ring", ring_ms > 0 ? json(ring_ms / med) : json(nullptr)},
         {"bytes_per_rank_per_layer", rs.bytes_per_layer},
@@ -402,14 +404,22 @@ void print_table(const nlohmann::json& rows, const Session& s, const Setup& st, 
             std::snprintf(buf, sizeof buf, "%s %.0f; ", it.key().c_str(), it->get<double>());
             ph += buf;
         }
-        std::printf("%7d  %-16s %5d %9.1f %9.1f %9.1f %6.0f%%%s %9s %9s %14.0f  %s\n",
-                    row["tokens"].get<int>(), row["method"].get<std::string>().c_str(),
+        std::printf("%6d%s  %-16s %5d %9.1f %9.1f %9.1f %6.0f%%%s %9s %9s %14.0f  %s\n",
+                    row["tokens"].get<int>(), row["past_window"].get<bool>() ? "*" : " ",
+                    row["method"].get<std::string>().c_str(),
                     row["ranks"].get<int>(), row["ttft_min_ms"].get<double>(),
                     row["ttft_ms"].get<double>(), row["ttft_max_ms"].get<double>(),
                     100.0 * row["spread"].get<double>(), row["noisy"].get<bool>() ? "!" : " ",
                     ratio_text(row["speedup_vs_single"]).c_str(),
                     ratio_text(row["speedup_vs_ring"]).c_str(),
                     row["bytes_per_rank_per_layer"].get<double>(), ph.c_str());
+    }
+    for (const nlohmann::json& row : rows) {
+        if (row["past_window"].get<bool>()) {
+            std::printf("* past the model's window of %d positions (model.positions): timing only\n",
+                        s.trained_positions);
+            break;
+        }
     }
 }
 

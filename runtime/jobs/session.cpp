@@ -45,6 +45,16 @@ std::unique_ptr<Session> open_session(const Config& cfg, int local_rank) {
         cfg.model.weights == Config::Weights::native && s->backend->supports_native_weights();
     opt.generate_on_backend = cfg.model.backend != Config::Backend::cpu;
     s->weights = std::make_unique<ModelWeights>(load_model_weights(path, opt));
+    s->trained_positions = s->weights->config.n_ctx_train;
+    if (cfg.model.positions > 0) {
+        s->weights->config.n_ctx_train = cfg.model.positions;
+        if (cfg.model.positions > s->trained_positions && local_rank == 0) {
+            std::fprintf(stderr,
+                         "warning: model.positions = %d runs past the %d positions %s was "
+                         "trained on: answers there mean nothing (timing only)\n",
+                         cfg.model.positions, s->trained_positions, path.c_str());
+        }
+    }
     if (path.rfind("random:", 0) != 0) {
         struct stat st {};
         IF_CHECK(::stat(path.c_str(), &st) == 0, "model.path '" << path << "' does not exist");

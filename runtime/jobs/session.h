@@ -36,6 +36,9 @@ struct Session {
     std::unique_ptr<Tokenizer> tokenizer;  // null for random: models
     std::unique_ptr<ChatTemplate> chat;    // null for random: models
     double load_ms = 0.0;
+    // The model's own window (positions it was trained on): model.config().n_ctx_train unless
+    // model.positions moved it; positions past it are timing only.
+    int trained_positions = 0;
     Communicator* comm = nullptr;  // the job's ranks (a single-process communicator on one rank)
     // Backend::device() of every rank, by rank (from gather_placement); summaries and result
     // JSON "devices".

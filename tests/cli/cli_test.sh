@@ -363,6 +363,23 @@ PY
     grep -q "bench.rows: 'infoflow' is not a row of bench.methods on 2 rank(s) (the rows: single, ring/zigzag, ring/contiguous, infoflow/kv, infoflow/exact)" \
         "$tmp/out.txt" || { cat "$tmp/out.txt"; fail "bench.rows: the error"; }
     echo "ok: bench.rows keeps the named rows and rejects others"
+    # model.positions: past random:tiny's 1024 positions only when asked, and then marked as
+    # timing only in the table and the rows.
+    long=(--set model.path=random:tiny --set 'bench.lengths=[1536]' --set bench.runs=1
+          --set bench.warmup=0 --set chunking.size=256 --set 'bench.rows=["single"]')
+    "$bin" --config configs/bench-ttft-smollm2.toml "${long[@]}" > "$tmp/out.txt" 2>&1 \
+        && fail "1536 tokens on a 1024-position model passed without model.positions"
+    grep -q "positions" "$tmp/out.txt" || { cat "$tmp/out.txt"; fail "model.positions: the error"; }
+    "$bin" --config configs/bench-ttft-smollm2.toml "${long[@]}" --set model.positions=2048 \
+        --out "$tmp/long.json" > "$tmp/out.txt" 2> "$tmp/err.txt" \
+        || { cat "$tmp/out.txt" "$tmp/err.txt"; fail "model.positions=2048"; }
+    grep -q "model.positions = 2048 runs past the 1024 positions" "$tmp/err.txt" \
+        || { cat "$tmp/err.txt"; fail "model.positions: no warning at load"; }
+    grep -q "past the model's window of 1024 positions (model.positions): timing only" \
+        "$tmp/out.txt" || { cat "$tmp/out.txt"; fail "model.positions: no note under the table"; }
+    python3 -c 'import json, sys; r = json.load(open(sys.argv[1]))["rows"]; assert [x["past_window"] for x in r] == [True], r' \
+        "$tmp/long.json" || fail "model.positions: past_window in the rows"
+    echo "ok: model.positions runs past the window, marked timing only"
     ;;
 install)
     build="$(dirname "$bin")"

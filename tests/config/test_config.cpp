@@ -73,6 +73,7 @@ check_finite = false
 dtype = "bf16"
 kv_dtype = "bf16"
 weights = "f32"
+positions = 16384
 [cpu]
 isa = "avx2"
 [request]
@@ -166,6 +167,7 @@ spread_limit = 0.1
 emulate_timing = true
 link_alpha_us = 2.5
 link_beta_gbs = 50.0
+rows = ["ring/zigzag", "infoflow/kv"]
 [sweep]
 key = "scoring.layers"
 values = ["[3]", "[4]"]
@@ -353,6 +355,8 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.bench.emulate_timing);
     CHECK(c.bench.link_alpha_us == Approx(2.5));
     CHECK(c.bench.link_beta_gbs == Approx(50.0));
+    CHECK(c.bench.rows == std::vector<std::string>{"ring/zigzag", "infoflow/kv"});
+    CHECK(c.model.positions == 16384);
     CHECK(c.store.path == "cache/kv.h5");
     CHECK(c.store.mode == C::StoreMode::read_write);
     CHECK(c.store.dtype == C::StoreDType::f32);
