@@ -26,6 +26,10 @@
 #                    valid row in <out>.jsonl and no half-written <out>.json
 #       resultsdir - bench-ttft with --out elsewhere writes nothing into bench/results/;
 #                    --results-dir DIR writes DIR/<output.name>.json and .csv
+#       table5     - bench/ttft_cpu_table5.sh on random:tiny (256 and 1536 tokens, the second
+#                    past its 1024 positions; real 2 ranks, emulated 2 and 4): every point's
+#                    rows, the report (tables, the P = 2 agreement table, JSON lines, CSV, PNG),
+#                    and a second run that reuses the finished points
 #       qualitylong - every configs/quality-long-*.toml runs as a 2-case version (2 cases of
 #                    ~320 tokens in 4 documents, every case kept, from case 7 (sweep.first_case),
 #                    2 answer tokens), every point
@@ -322,6 +326,42 @@ PY
         n=$((n + 1))
     done
     [ "$n" -ge 7 ] || fail "expected at least 7 configs/quality-long-*.toml, found $n"
+    ;;
+table5)
+    export INFOFLOW_PROGRESS=0
+    t5=(env LENGTHS="256 1536" POINTS="real2 emul:2:shm emul:4:ib" RUNS=1 WARMUP=0
+        EXTRA_SETS="model.path=random:tiny chunking.size=128")
+    "${t5[@]}" bench/ttft_cpu_table5.sh "$(dirname "$bin")" "$tmp/t5" > "$tmp/t5.txt" 2>&1 \
+        || { cat "$tmp/t5.txt"; fail "bench/ttft_cpu_table5.sh"; }
+    for f in ttft-cpu-table5-smollm2.md ttft-cpu-table5-smollm2.jsonl ttft-cpu-table5-smollm2.csv \
+             ttft-cpu-table5-smollm2.png real2-256.json emul-2-shm-1536.json emul-4-ib-256.json; do
+        [ -s "$tmp/t5/$f" ] || { ls "$tmp/t5"; fail "table5: no $f"; }
+    done
+    python3 - "$tmp/t5" <<'PY' || { cat "$tmp/t5.txt"; fail "table5: the report"; }
+import json, sys
+d = sys.argv[1]
+rows = [json.loads(l) for l in open(d + "/ttft-cpu-table5-smollm2.jsonl")]
+# real2: single, ring/zigzag, infoflow/kv; each emulated point: ring/zigzag, infoflow/kv
+assert len(rows) == 2 * (3 + 2 + 2), len(rows)
+assert {r["tokens"] for r in rows} == {256, 1536}
+assert all(r["past_window"] == (r["tokens"] == 1536) for r in rows)
+assert {(r["point"], r["method"]) for r in rows if r["tokens"] == 256} == {
+    ("real2", "single"), ("real2", "ring/zigzag"), ("real2", "infoflow/kv"),
+    ("emul:2:shm", "ring/zigzag"), ("emul:2:shm", "infoflow/kv"),
+    ("emul:4:ib", "ring/zigzag"), ("emul:4:ib", "infoflow/kv")}
+md = open(d + "/ttft-cpu-table5-smollm2.md").read()
+for s in ("## 256 tokens", "## 1536 tokens", "## Emulated P = 2 against the real 2 ranks",
+          "| emulated, 4 ranks, ib | infoflow/kv |", "infoflow/kv* |"):
+    assert s in md, s
+last = [l for l in open(d + "/../t5.txt") if l.startswith('{"bench": "ttft_cpu_table5"')]
+summary = json.loads(last[-1])
+assert summary["rows"] == 14 and len(summary["agree"]) == 4, summary
+print("ok: table5 rows and report", len(rows))
+PY
+    "${t5[@]}" bench/ttft_cpu_table5.sh "$(dirname "$bin")" "$tmp/t5" > "$tmp/t5b.txt" 2>&1 \
+        || { cat "$tmp/t5b.txt"; fail "table5: second run"; }
+    [ "$(grep -c 'done before' "$tmp/t5b.txt")" = 6 ] || { cat "$tmp/t5b.txt"; fail "table5: points rerun"; }
+    echo "ok: table5 resumes from the finished points"
     ;;
 resultsdir)
     committed="$root/bench/results/ttft-smollm2-cpu.csv"
