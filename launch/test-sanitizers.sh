@@ -12,7 +12,11 @@
 # of those executables directly instead of the CTest suite; `NAME:N` runs NAME on N MPI ranks,
 # the word `demo` runs infoflow_sp on configs/demo.toml on 2 ranks, its answer checked, and
 # `serve` runs the server of configs/serve.toml on 2 ranks: a plain and a streamed request with
-# curl, then SIGTERM to rank 0, which must drain and exit 0).
+# curl, then SIGTERM to rank 0, which must drain and exit 0); INFOFLOW_SAN_CATCH_ARGS (default
+# "~[heavy]"): the test spec and options given to each of those executables — the cases tagged
+# [heavy] (end to end on the real model, 10 s or more in the normal build) run in the normal
+# build only, their code reached under the sanitizers by the smaller cases and the demo; "" runs
+# every case.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${INFOFLOW_SAN_BUILD_DIR:-$root/build-san}"
@@ -28,6 +32,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPI
 }
 [ "${1:-}" = "--configure-only" ] && exit 0
 san_targets="${INFOFLOW_SAN_TARGETS:-}"
+read -r -a catch_args <<< "${INFOFLOW_SAN_CATCH_ARGS-~[heavy]}"
 if [ -n "$san_targets" ]; then
     fuzz_targets=$("$root/launch/fuzz.sh" list | sed 's/^/fuzz_/' | tr '\n' ' ')
     # NAME:N -> NAME; demo -> infoflow_sp
@@ -106,11 +111,11 @@ serve_smoke() {
                 ;;
             *:*)
                 echo "[sanitizers] ${t%%:*} on ${t##*:} ranks"
-                mpi_run "${t##*:}" "./${t%%:*}" --use-colour no
+                mpi_run "${t##*:}" "./${t%%:*}" --use-colour no "${catch_args[@]}"
                 ;;
             *)
                 echo "[sanitizers] $t"
-                "./$t" --use-colour no
+                "./$t" --use-colour no "${catch_args[@]}"
                 ;;
             esac
             awk -v s="$s" -v t="$t" '{ printf "[sanitizers] %s: %.0f s\n", t, $1 - s }' /proc/uptime

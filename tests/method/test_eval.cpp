@@ -142,7 +142,7 @@ TEST_CASE("read_eval_samples reads LongBench JSONL and names bad lines", "[eval]
                       Catch::Contains(path + ":1") && Catch::Contains("answers"));
 }
 
-TEST_CASE("eval end to end on SmolLM2: two short samples, full and infoflow", "[eval][model]") {
+TEST_CASE("eval end to end on SmolLM2: two short samples, full and infoflow", "[eval][model][heavy]") {
     const std::string model = INFOFLOW_MODEL_PATH;
     if (!fs::exists(model)) FAIL("real model " << model << " is missing: run launch/setup.sh");
     const std::string dir = temp_dir("eval_e2e");

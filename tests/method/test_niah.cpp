@@ -191,7 +191,7 @@ TEST_CASE("niah method variants and labels", "[niah]") {
     CHECK(labels == std::vector<std::string>{"full", "cacheblend"});
 }
 
-TEST_CASE("niah end to end on SmolLM2 at 512 tokens", "[niah][model]") {
+TEST_CASE("niah end to end on SmolLM2 at 512 tokens", "[niah][model][heavy]") {
     Session& s = smollm2();
     Config cfg = niah_config();
     const std::string dir = (fs::temp_directory_path() / "infoflow_test_niah").string();

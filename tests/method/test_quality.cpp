@@ -382,7 +382,7 @@ TEST_CASE("answer job writes the first-token log-probs file (SmolLM2)", "[qualit
 }
 
 TEST_CASE("sweep end to end on SmolLM2: full is exact, ratio 1 is exact, none is not",
-          "[quality][model]") {
+          "[quality][model][heavy]") {
     const std::string model = INFOFLOW_MODEL_PATH;
     if (!fs::exists(model)) FAIL("real model " << model << " is missing: run launch/setup.sh");
     const std::string dir = temp_dir("sweep_e2e");

@@ -30,7 +30,7 @@ std::unique_ptr<Session> small_window_smollm2(int n_ctx) {
 }  // namespace
 
 TEST_CASE("niah beyond the window: full does not fit, reform, h2o, streamingllm run",
-          "[niah][model][reform]") {
+          "[niah][model][reform][heavy]") {
     std::unique_ptr<Session> s = small_window_smollm2(640);
     REQUIRE(s->model->config().n_ctx_train == 640);
     Config cfg;

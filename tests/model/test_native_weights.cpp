@@ -184,7 +184,7 @@ TEST_CASE("native weights: a prefill (the exact pass, fp32 activations) equals t
 }
 
 TEST_CASE("native weights: the France question answered as the fp32 load does, each CPU path",
-          "[native][real]") {
+          "[native][real][heavy]") {
     const Run ref = answer_france(f32_weights());
     std::vector<std::string> paths = {"avx2"};
     if (cpu::cpu_has_avx512()) paths.push_back("avx512");
@@ -214,7 +214,7 @@ TEST_CASE("native weights: the France question answered as the fp32 load does, e
 }
 
 TEST_CASE("native weights from a Hugging Face directory: F16 and BF16 kept as stored",
-          "[native][real]") {
+          "[native][real][heavy]") {
     // A model written as safetensors in each 16-bit dtype, then loaded both ways: the
     // fp32 load of the same directory is the reference. 16-bit to fp32 is exact, so the stored
     // rows equal the reference rows bit for bit; F16/BF16 dots take fp32 activations (no q8

@@ -126,7 +126,7 @@ TEST_CASE("SmolLM2 logits agree with llama.cpp's quantized path on the Q4_1 file
 }
 
 TEST_CASE("SmolLM2 native weights agree with llama.cpp's quantized path, prefill and decode",
-          "[oracle][real][native]") {
+          "[oracle][real][native][heavy]") {
     // Native weights: Q4_1 blocks as stored. A prefill (the exact pass) multiplies the weights
     // dequantized to fp32 (the same values as the f32 load) by fp32 activations, so it meets the
     // f32 bars against the fp32 oracle.
