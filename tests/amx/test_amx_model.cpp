@@ -6,10 +6,13 @@
 //
 // Bars (bf16 products; see test_amx_ops.cpp for the per-op bounds): the first answer token
 // (top-1 of the first-token logits) is the reference's, and KL(reference || amx) of the
-// first-token distribution is below 0.05 nats. The same set of recomputed tokens is not required
+// first-token distribution is below 0.01 nats (measured: 0.00045, the same 326-token prompt,
+// 48 recomputed tokens each, the same greedy answer). The same set of recomputed tokens is not required
 // (the selection is a cut through scores that moved by bf16 roundings); the count is.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <iterator>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -31,7 +34,7 @@ using namespace infoflow;
 
 namespace {
 
-constexpr double kMaxFirstTokenKl = 0.05;  // nats
+constexpr double kMaxFirstTokenKl = 0.01;  // nats (measured 0.00045 on the emulator)
 
 MethodResult run_demo(const ModelWeights& w, const std::string& isa) {
     Config cfg = load_config(std::string(INFOFLOW_SOURCE_DIR) + "/configs/demo.toml",
@@ -83,10 +86,15 @@ TEST_CASE("amx: the demo request on SmolLM2 answers as the fp32 reference", "[am
     const int top_ref = argmax(ref.first_logits.data(), int(ref.first_logits.size()));
     const int top_got = argmax(got.first_logits.data(), int(got.first_logits.size()));
     const double kl = kl_softmax(ref.first_logits, got.first_logits);
+    std::vector<int32_t> differ;
+    std::set_symmetric_difference(got.selected_positions.begin(), got.selected_positions.end(),
+                                  ref.selected_positions.begin(), ref.selected_positions.end(),
+                                  std::back_inserter(differ));
     std::printf("amx (%s tiles) vs fp32 reference: first token %d vs %d, first-token KL %.5f nats, "
-                "recomputed %zu vs %zu\n",
+                "recomputed %zu vs %zu (%zu positions differ), same answer: %s\n",
                 cpu::amx_tiles().name, top_got, top_ref, kl, got.selected_positions.size(),
-                ref.selected_positions.size());
+                ref.selected_positions.size(), differ.size(),
+                got.answer == ref.answer ? "yes" : "no");
     CHECK(top_got == top_ref);
     CHECK(kl < kMaxFirstTokenKl);
     CHECK(got.selected_positions.size() == ref.selected_positions.size());
