@@ -142,8 +142,31 @@ const AmxTileOps& amx_tiles_emulated() {
 
 const AmxTileOps& amx_tiles() { return amx_emulated() ? amx_tiles_emulated() : amx_tiles_hw(); }
 
+namespace {
+// fp32_to_bf16 (runtime/core/half.h) without branches, so the loops below vectorize: the same
+// bits (round to nearest even; a NaN keeps its sign and high payload and is made quiet).
+inline uint32_t bf16_bits(uint32_t u) {
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 64u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+}  // namespace
+
 void fp32_to_bf16_rows(const float* src, int n, uint16_t* dst) {
-    for (int i = 0; i < n; ++i) dst[i] = fp32_to_bf16(src[i]);
+#pragma omp simd
+    for (int i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, src + i, 4);
+        dst[i] = uint16_t(bf16_bits(u));
+    }
+}
+
+void fp32_to_bf16_pairs(const float* src, int n_pairs, uint32_t* dst) {
+#pragma omp simd
+    for (int i = 0; i < n_pairs; ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, src + 2 * i, 4);
+        std::memcpy(&b, src + 2 * i + 1, 4);
+        dst[i] = bf16_bits(a) | (bf16_bits(b) << 16);
+    }
 }
 
 }  // namespace infoflow::cpu

@@ -63,5 +63,8 @@ const AmxTileOps& amx_tiles();
 
 // fp32 -> bf16, round to nearest even (NaN stays NaN): how the AMX kernels feed the tiles.
 void fp32_to_bf16_rows(const float* src, int n, uint16_t* dst);
+// The same for pairs, each packed into one 32-bit word as a VNNI row wants it:
+// dst[i] = bf16(src[2i]) | bf16(src[2i + 1]) << 16.
+void fp32_to_bf16_pairs(const float* src, int n_pairs, uint32_t* dst);
 
 }  // namespace infoflow::cpu

@@ -527,8 +527,8 @@ void attention(const AttnParams& p, int n_threads) {
 
 // ---- many rows on AMX tiles (cpu.isa = amx) ----
 // attention<V> with the two products on bf16 tiles (amx_tiles.h), the online softmax unchanged
-// in fp32: per task (query block, kv head) and key tile of KT keys, the tile's K and V are
-// rounded to bf16 in the VNNI pair layouts ([Dk/2][KT][2] and [KT/2][Dv][2]); per group of 16
+// in fp32: every key tile's K and V are rounded to bf16 in the VNNI pair layouts ([Dk/2][KT][2]
+// and [KT/2][Dv][2]) once per call; per task (query block, kv head), key tile and group of 16
 // query rows, S = Q·Kᵀ (scaled Q rounded to bf16) is accumulated in fp32 tiles over the head in
 // steps of 32, masked and exponentiated by softmax_tile, and P (rounded to bf16) times V is
 // accumulated in fp32 tiles from zero and added as o = alpha * o + P·V. Each row's numbers depend
@@ -563,12 +563,38 @@ void attention_tiles(const AttnParams& p, int n_threads, const AmxTileOps& tiles
     const int n_qblocks = (n_q + kQueryBlock - 1) / kQueryBlock;
     const int n_tasks = n_qblocks * Hkv;
 
+    // Every key tile's K and V of every kv head in bf16, once per call (not once per query
+    // block): K as B of Q·Kᵀ, kpack[(d / 2) * 2 KT + j * 2 + d % 2]; V as B of P·V,
+    // vpack[(j / 2) * 2 Dv + d * 2 + j % 2]; keys past n_kv and columns past D are zeros.
+    const size_t k_tile = size_t(Dk) * KT, v_tile = size_t(KT) * Dv;
+    std::vector<uint16_t> kpack(size_t(Hkv) * n_tiles * k_tile),
+        vpack(size_t(Hkv) * n_tiles * v_tile);
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1)
+    {
+        std::vector<float> kw(D), vw(D);
+#pragma omp for schedule(static)
+        for (int u = 0; u < Hkv * n_tiles; ++u) {
+            const int hk = u / n_tiles, j0 = (u % n_tiles) * KT, nk = std::min(KT, n_kv - j0);
+            uint16_t* kb = kpack.data() + size_t(u) * k_tile;
+            uint16_t* vb = vpack.data() + size_t(u) * v_tile;
+            for (int j = 0; j < nk; ++j) {
+                const size_t at = ((size_t(j0) + j) * kv.stride + size_t(hk) * D) * kv.esize;
+                V::widen(p.kv_dtype, kv.kbase + at, D, kw.data());
+                V::widen(p.kv_dtype, kv.vbase + at, D, vw.data());
+                for (int d = 0; d < D; ++d) {
+                    kb[size_t(d / 2) * 2 * KT + j * 2 + d % 2] = fp32_to_bf16(kw[d]);
+                    vb[size_t(j / 2) * 2 * Dv + d * 2 + j % 2] = fp32_to_bf16(vw[d]);
+                }
+            }
+        }
+    }
+
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
     {
         const int max_rows = round_up(std::min(kQueryBlock, n_q) * g, TR);
-        std::vector<uint16_t> qb(size_t(max_rows) * Dk), kb(size_t(Dk) * KT), vb(size_t(KT) * Dv);
+        std::vector<uint16_t> qb(size_t(max_rows) * Dk);
         std::vector<uint16_t> pb(size_t(TR) * KT);
-        std::vector<float> qrow(D), kw(D), vw(D), sc_buf(size_t(TR) * KT), pt(size_t(TR) * KT);
+        std::vector<float> qrow(D), sc_buf(size_t(TR) * KT), pt(size_t(TR) * KT);
         std::vector<float> ob(size_t(max_rows) * Dv), pv(size_t(TR) * 64);
         std::vector<float> alpha(max_rows), m(max_rows);
         std::vector<double> l(max_rows);
@@ -614,19 +640,8 @@ void attention_tiles(const AttnParams& p, int n_threads, const AmxTileOps& tiles
                     kpos[j] = j < nk ? p.k_pos[j0 + j] : INT32_MAX;
                     kgrp[j] = j < nk && groups ? p.k_group[j0 + j] : -1;
                 }
-                // K as B of Q·Kᵀ: kb[(d / 2) * 2 KT + j * 2 + d % 2]; V as B of P·V:
-                // vb[(j / 2) * 2 Dv + d * 2 + j % 2]. Keys past nk are zeros.
-                std::fill(kb.begin(), kb.end(), uint16_t(0));
-                std::fill(vb.begin(), vb.end(), uint16_t(0));
-                for (int j = 0; j < nk; ++j) {
-                    const size_t at = ((size_t(j0) + j) * kv.stride + size_t(hk) * D) * kv.esize;
-                    V::widen(p.kv_dtype, kv.kbase + at, D, kw.data());
-                    V::widen(p.kv_dtype, kv.vbase + at, D, vw.data());
-                    for (int d = 0; d < D; ++d) {
-                        kb[size_t(d / 2) * 2 * KT + j * 2 + d % 2] = fp32_to_bf16(kw[d]);
-                        vb[size_t(j / 2) * 2 * Dv + d * 2 + j % 2] = fp32_to_bf16(vw[d]);
-                    }
-                }
+                const uint16_t* kb = kpack.data() + (size_t(hk) * n_tiles + ti) * k_tile;
+                const uint16_t* vb = vpack.data() + (size_t(hk) * n_tiles + ti) * v_tile;
                 const bool plain = !groups && nk == KT;
 
                 for (int rg = 0; rg < rows_t; rg += TR) {
@@ -638,7 +653,7 @@ void attention_tiles(const AttnParams& p, int n_threads, const AmxTileOps& tiles
                     for (int d0 = 0; d0 < Dk; d0 += 32) {
                         tiles.load(4, qb.data() + size_t(rg) * Dk + d0, int64_t(Dk) * 2);
                         for (int i = 0; i < KT / 16; ++i) {
-                            tiles.load(5, kb.data() + size_t(d0 / 2) * 2 * KT + i * 32,
+                            tiles.load(5, kb + size_t(d0 / 2) * 2 * KT + i * 32,
                                        int64_t(KT) * 4);
                             tiles.dpbf16ps(i, 4, 5);
                         }
@@ -667,7 +682,7 @@ void attention_tiles(const AttnParams& p, int n_threads, const AmxTileOps& tiles
                         for (int k0 = 0; k0 < KT; k0 += 32) {
                             tiles.load(4, pb.data() + k0, int64_t(KT) * 2);
                             for (int i = 0; i < n_out; ++i) {
-                                tiles.load(5, vb.data() + size_t(k0 / 2) * 2 * Dv + (dc + 16 * i) * 2,
+                                tiles.load(5, vb + size_t(k0 / 2) * 2 * Dv + (dc + 16 * i) * 2,
                                            int64_t(Dv) * 4);
                                 tiles.dpbf16ps(i, 4, 5);
                             }

@@ -28,46 +28,53 @@ inline void epilogue(float* o, float s, const float* bias, int j, bool accumulat
     *o = (accumulate ? *o : 0.0f) + s + (bias ? bias[j] : 0.0f);
 }
 
-// Weight rows [j0, j0 + rows) as a panel in the VNNI pair layout: panel[(c / 2) * 64 + r * 2 +
-// c % 2] = bf16(w[j0 + r, c]) for c < kp (zeros past k and past rows). `buf` is fetch scratch.
+// Weight rows [j0, j0 + rows) as a panel in the VNNI pair layout: 32-bit word (c / 2) * 32 + r
+// holds bf16(w[j0 + r, c]) (low half, c even) and bf16(w[j0 + r, c + 1]) (high half), zeros past
+// k and past rows. Each fetched chunk is rounded pairwise into row-major words, which are then
+// transposed into the panel (5x faster than writing the strided halves one by one).
 void pack_panel(const GemmRows& w, int j0, int rows, int k, int kp, std::vector<float>& buf,
-                uint16_t* panel) {
-    std::fill(panel, panel + size_t(kp) * kPanelRows, uint16_t(0));
+                std::vector<uint32_t>& words, uint32_t* panel) {
+    const int n_pairs = kp / 2;
+    words.assign(size_t(kPanelRows) * n_pairs, 0u);
     buf.resize(size_t(kPanelRows) * kGemmChunk);
-    for (int c0 = 0; c0 < k; c0 += kGemmChunk) {
+    for (int c0 = 0; c0 < k; c0 += kGemmChunk) {  // c0 is even: chunks are 512 columns
         const int kc = std::min(kGemmChunk, k - c0);
         int64_t ld = 0;
         const float* src = w.fetch(j0, rows, c0, kc, buf.data(), &ld);
         for (int r = 0; r < rows; ++r) {
             const float* row = src + size_t(r) * ld;
-            for (int c = 0; c < kc; ++c) {
-                const int cc = c0 + c;
-                panel[size_t(cc / 2) * (2 * kPanelRows) + r * 2 + cc % 2] = fp32_to_bf16(row[c]);
-            }
+            uint32_t* out = words.data() + size_t(r) * n_pairs + c0 / 2;
+            fp32_to_bf16_pairs(row, kc / 2, out);
+            if (kc % 2) out[kc / 2] = fp32_to_bf16(row[kc - 1]);  // odd k: the pair's high half 0
         }
+    }
+    for (int i0 = 0; i0 < n_pairs; i0 += 32) {  // 32 x 32 word blocks stay in L1
+        const int i1 = std::min(n_pairs, i0 + 32);
+        for (int r = 0; r < kPanelRows; ++r)
+            for (int i = i0; i < i1; ++i) panel[size_t(i) * kPanelRows + r] = words[size_t(r) * n_pairs + i];
     }
 }
 
 // The thread's panels [p0, p1) over every token block of xb ([np, kp] bf16).
 void run_panels(const AmxTileOps& t, const GemmRows& w, const uint16_t* xb, int n, int k, int kp,
                 int m, int p0, int p1, const float* bias, float* out, bool accumulate) {
-    std::vector<uint16_t> panel(size_t(kp) * kPanelRows);
+    std::vector<uint32_t> panel(size_t(kp / 2) * kPanelRows), words;
     std::vector<float> buf;
     alignas(64) float c[kTokRows * kPanelRows];  // the 2 x 2 accumulator tiles, [32 tok][32 rows]
     const int64_t a_stride = int64_t(kp) * 2, b_stride = 2 * kPanelRows * 2, c_stride = 4 * kPanelRows;
     t.config(amx_full_tiles());
     for (int pi = p0; pi < p1; ++pi) {
         const int j0 = pi * kPanelRows, rows = std::min(kPanelRows, m - j0);
-        pack_panel(w, j0, rows, k, kp, buf, panel.data());
+        pack_panel(w, j0, rows, k, kp, buf, words, panel.data());
         for (int t0 = 0; t0 < n; t0 += kTokRows) {
             for (int i = 0; i < 4; ++i) t.zero(i);
             const uint16_t* a0 = xb + size_t(t0) * kp;
             for (int c0 = 0; c0 < kp; c0 += kStep) {
                 t.load(4, a0 + c0, a_stride);
                 t.load(5, a0 + size_t(16) * kp + c0, a_stride);
-                const uint16_t* b = panel.data() + size_t(c0 / 2) * (2 * kPanelRows);
+                const uint32_t* b = panel.data() + size_t(c0 / 2) * kPanelRows;
                 t.load(6, b, b_stride);
-                t.load(7, b + 32, b_stride);
+                t.load(7, b + 16, b_stride);
                 t.dpbf16ps(0, 4, 6);
                 t.dpbf16ps(1, 4, 7);
                 t.dpbf16ps(2, 5, 6);
