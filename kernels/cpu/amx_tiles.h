@@ -52,8 +52,8 @@ struct AmxTileOps {
 // naming the tiles otherwise.
 int amx_dp_index(int c, int a, int b);
 
-// The CPU's tiles. Throws infoflow::Error when the build has no AMX path (not x86-64); calling
-// its operations on a CPU without usable AMX faults, so only call it where cpu_has_amx().
+// The CPU's tiles. Throws infoflow::Error when the build has no AMX path (not x86-64) or AMX is
+// not usable here (!cpu_has_amx(), naming why).
 const AmxTileOps& amx_tiles_hw();
 // The software emulator (plain C++, any CPU). Checks shapes as the CPU would (#UD there) and
 // throws infoflow::Error on a misuse.

@@ -4,6 +4,7 @@
 // instructions, so each operation dispatches on the tile number (a switch). Untested on real AMX hardware so far (docs/design.md
 // §10): the emulator (amx_emulator.cpp) runs the same calls on the development machines.
 #include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/cpu_features.h"
 #include "runtime/core/error.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -96,6 +97,10 @@ void hw_dpbf16ps(int c, int a, int b) {
 }  // namespace
 
 const AmxTileOps& amx_tiles_hw() {
+    // The first tile instruction faults unless the CPU has AMX and Linux granted the tile state,
+    // which cpu_has_amx() asks for (once per process): never hand out the ops without it.
+    static const bool usable = cpu_has_amx();
+    IF_CHECK(usable, "amx tiles: AMX is not usable here: " << cpu_amx_missing());
     static const AmxTileOps ops{"amx",   hw_config, hw_release, hw_load,
                                 hw_store, hw_zero,  hw_dpbf16ps};
     return ops;

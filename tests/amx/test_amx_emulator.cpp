@@ -9,9 +9,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/amx_tiles.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm_amx.h"
 #include "runtime/core/half.h"
 #include "tests/amx/amx_test_util.h"
@@ -142,6 +144,14 @@ TEST_CASE("amx emulator: misuse is reported as the CPU would fault", "[amx][emul
     t.release();
     s.colsb[2] = 65;
     CHECK_THROWS(t.config(s));
+}
+
+TEST_CASE("amx: the CPU's tiles are refused where AMX is not usable", "[amx][emulator]") {
+    if (cpu_has_amx()) {
+        CHECK(std::string(amx_tiles_hw().name) == "amx");
+    } else {
+        CHECK_THROWS_WITH(amx_tiles_hw(), Catch::Contains(cpu_amx_missing()));
+    }
 }
 
 TEST_CASE("amx emulator: gemm_amx equals its plain-loop reference bit for bit",
