@@ -85,12 +85,18 @@ int main(int argc, char** argv) {
     int64_t iters = 2000000;
     for (int i = 1; i + 1 < argc; i += 2) {
         const std::string a = argv[i];
-        if (a == "--threads") threads = std::atoi(argv[i + 1]);
-        else if (a == "--runs") runs = std::atoi(argv[i + 1]);
-        else if (a == "--warmup") warmup = std::atoi(argv[i + 1]);
-        else if (a == "--iters") iters = std::atoll(argv[i + 1]);
+        if (a == "--threads")
+            threads = std::atoi(argv[i + 1]);
+        else if (a == "--runs")
+            runs = std::atoi(argv[i + 1]);
+        else if (a == "--warmup")
+            warmup = std::atoi(argv[i + 1]);
+        else if (a == "--iters")
+            iters = std::atoll(argv[i + 1]);
         else {
-            std::fprintf(stderr, "usage: bench_amx_peak [--threads N] [--runs N] [--warmup N] [--iters N]\n");
+            std::fprintf(
+                stderr,
+                "usage: bench_amx_peak [--threads N] [--runs N] [--warmup N] [--iters N]\n");
             return 2;
         }
     }
@@ -111,10 +117,11 @@ int main(int argc, char** argv) {
                 "GFLOP/s_total", "runs");
     std::printf("%-8d %-10.4f %-14.1f %-14.1f %-10d\n", threads, med, per_core, per_core * threads,
                 runs);
-    std::printf("{\"bench\":\"amx_peak\",\"op\":\"tdpbf16ps\",\"threads\":%d,\"iters\":%lld,"
-                "\"runs\":%d,\"median_s\":%.6f,\"min_s\":%.6f,\"max_s\":%.6f,"
-                "\"gflops_per_core\":%.2f,\"gflops_total\":%.2f}\n",
-                threads, static_cast<long long>(iters), runs, med, t.front(), t.back(), per_core,
-                per_core * threads);
+    std::printf(
+        "{\"bench\":\"amx_peak\",\"op\":\"tdpbf16ps\",\"threads\":%d,\"iters\":%lld,"
+        "\"runs\":%d,\"median_s\":%.6f,\"min_s\":%.6f,\"max_s\":%.6f,"
+        "\"gflops_per_core\":%.2f,\"gflops_total\":%.2f}\n",
+        threads, static_cast<long long>(iters), runs, med, t.front(), t.back(), per_core,
+        per_core * threads);
     return 0;
 }

@@ -32,7 +32,8 @@ EmuState& configured_state(int tile) {
 void emu_config(const AmxTileShape& shape) {
     for (int t = 0; t < kAmxTiles; ++t) {
         IF_CHECK(shape.rows[t] >= 0 && shape.rows[t] <= kAmxTileRows && shape.colsb[t] >= 0 &&
-                     shape.colsb[t] <= kAmxTileBytes && (shape.rows[t] == 0) == (shape.colsb[t] == 0),
+                     shape.colsb[t] <= kAmxTileBytes &&
+                     (shape.rows[t] == 0) == (shape.colsb[t] == 0),
                  "amx emulator: tile " << t << " shape " << shape.rows[t] << " rows x "
                                        << shape.colsb[t] << " bytes");
     }
@@ -68,7 +69,9 @@ void emu_zero(int tile) {
 }
 
 // bf16 -> fp32 with denormals (exponent 0) read as signed zero.
-inline float bf16_daz(uint16_t h) { return (h & 0x7F80u) == 0 ? bf16_to_fp32(h & 0x8000u) : bf16_to_fp32(h); }
+inline float bf16_daz(uint16_t h) {
+    return (h & 0x7F80u) == 0 ? bf16_to_fp32(h & 0x8000u) : bf16_to_fp32(h);
+}
 
 // A denormal fp32 result flushed to a zero of its sign.
 inline float ftz(float x) { return std::fabs(x) < 1.17549435e-38f ? std::copysign(0.0f, x) : x; }
@@ -81,10 +84,9 @@ void emu_dpbf16ps(int c, int a, int b) {
     const int M = s.shape.rows[c], N = s.shape.colsb[c] / 4, pairs = s.shape.colsb[a] / 4;
     IF_CHECK(s.shape.colsb[c] % 4 == 0 && s.shape.colsb[a] % 4 == 0 && s.shape.rows[a] == M &&
                  s.shape.rows[b] == pairs && s.shape.colsb[b] == s.shape.colsb[c],
-             "amx emulator: tdpbf16ps shapes c " << M << "x" << s.shape.colsb[c] << ", a "
-                                                 << s.shape.rows[a] << "x" << s.shape.colsb[a]
-                                                 << ", b " << s.shape.rows[b] << "x"
-                                                 << s.shape.colsb[b]);
+             "amx emulator: tdpbf16ps shapes c "
+                 << M << "x" << s.shape.colsb[c] << ", a " << s.shape.rows[a] << "x"
+                 << s.shape.colsb[a] << ", b " << s.shape.rows[b] << "x" << s.shape.colsb[b]);
     // b widened once: the even and odd elements of each pair, denormals read as zero.
     float b0[kAmxTileRows][kAmxTileBytes / 4], b1[kAmxTileRows][kAmxTileBytes / 4];
     for (int p = 0; p < pairs; ++p) {
@@ -146,7 +148,8 @@ namespace {
 // fp32_to_bf16 (runtime/core/half.h) without branches, so the loops below vectorize: the same
 // bits (round to nearest even; a NaN keeps its sign and high payload and is made quiet).
 inline uint32_t bf16_bits(uint32_t u) {
-    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 64u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (u >> 16) | 64u
+                                           : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
 }
 }  // namespace
 

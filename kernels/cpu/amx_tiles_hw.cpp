@@ -1,8 +1,9 @@
 // The CPU's AMX tiles behind AmxTileOps (kernels/cpu/amx_tiles.h). This file alone is compiled
 // with -mamx-tile -mamx-bf16 -mamx-int8 (CMakeLists.txt); its functions run only where
 // active_cpu_isa() is amx on a CPU with usable AMX. Tile numbers are immediates in the
-// instructions, so each operation dispatches on the tile number (a switch). Untested on real AMX hardware so far (docs/design.md
-// §10): the emulator (amx_emulator.cpp) runs the same calls on the development machines.
+// instructions, so each operation dispatches on the tile number (a switch). Untested on real AMX
+// hardware so far (docs/design.md §10): the emulator (amx_emulator.cpp) runs the same calls on the
+// development machines.
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/cpu_features.h"
 #include "runtime/core/error.h"
@@ -30,10 +31,10 @@ void hw_config(const AmxTileShape& shape) {
     std::memset(&cfg, 0, sizeof(cfg));
     cfg.palette_id = 1;
     for (int t = 0; t < kAmxTiles; ++t) {
-        IF_CHECK(shape.rows[t] >= 0 && shape.rows[t] <= kAmxTileRows && shape.colsb[t] >= 0 &&
-                     shape.colsb[t] <= kAmxTileBytes,
-                 "amx tile " << t << ": " << shape.rows[t] << " rows x " << shape.colsb[t]
-                             << " bytes");
+        IF_CHECK(
+            shape.rows[t] >= 0 && shape.rows[t] <= kAmxTileRows && shape.colsb[t] >= 0 &&
+                shape.colsb[t] <= kAmxTileBytes,
+            "amx tile " << t << ": " << shape.rows[t] << " rows x " << shape.colsb[t] << " bytes");
         cfg.rows[t] = uint8_t(shape.rows[t]);
         cfg.colsb[t] = uint16_t(shape.colsb[t]);
     }
@@ -48,8 +49,10 @@ void hw_release() { _tile_release(); }
 
 void hw_load(int tile, const void* src, int64_t stride) {
     switch (tile) {
-#define IF_LOAD(t) \
-    case t: _tile_loadd(t, src, stride); return;
+#define IF_LOAD(t)                   \
+    case t:                          \
+        _tile_loadd(t, src, stride); \
+        return;
         IF_TILE_CASES(IF_LOAD)
 #undef IF_LOAD
     }
@@ -58,8 +61,10 @@ void hw_load(int tile, const void* src, int64_t stride) {
 
 void hw_store(int tile, void* dst, int64_t stride) {
     switch (tile) {
-#define IF_STORE(t) \
-    case t: _tile_stored(t, dst, stride); return;
+#define IF_STORE(t)                   \
+    case t:                           \
+        _tile_stored(t, dst, stride); \
+        return;
         IF_TILE_CASES(IF_STORE)
 #undef IF_STORE
     }
@@ -68,8 +73,10 @@ void hw_store(int tile, void* dst, int64_t stride) {
 
 void hw_zero(int tile) {
     switch (tile) {
-#define IF_ZERO(t) \
-    case t: _tile_zero(t); return;
+#define IF_ZERO(t)     \
+    case t:            \
+        _tile_zero(t); \
+        return;
         IF_TILE_CASES(IF_ZERO)
 #undef IF_ZERO
     }
@@ -80,12 +87,15 @@ void hw_zero(int tile) {
 // assembler accepts under that rule.
 void hw_dpbf16ps(int c, int a, int b) {
     switch (amx_dp_index(c, a, b)) {
-#define IF_DP(c_, a_, b_) \
-    case c_ * 64 + a_ * 8 + b_: _tile_dpbf16ps(c_, a_, b_); return;
-#define IF_DP_C(c_) \
-    IF_DP(c_, 4, 5) IF_DP(c_, 4, 6) IF_DP(c_, 4, 7) IF_DP(c_, 5, 4) IF_DP(c_, 5, 6) \
-    IF_DP(c_, 5, 7) IF_DP(c_, 6, 4) IF_DP(c_, 6, 5) IF_DP(c_, 6, 7) IF_DP(c_, 7, 4) \
-    IF_DP(c_, 7, 5) IF_DP(c_, 7, 6)
+#define IF_DP(c_, a_, b_)           \
+    case c_ * 64 + a_ * 8 + b_:     \
+        _tile_dpbf16ps(c_, a_, b_); \
+        return;
+#define IF_DP_C(c_)                                                                     \
+    IF_DP(c_, 4, 5)                                                                     \
+    IF_DP(c_, 4, 6) IF_DP(c_, 4, 7) IF_DP(c_, 5, 4) IF_DP(c_, 5, 6) IF_DP(c_, 5, 7)     \
+        IF_DP(c_, 6, 4) IF_DP(c_, 6, 5) IF_DP(c_, 6, 7) IF_DP(c_, 7, 4) IF_DP(c_, 7, 5) \
+            IF_DP(c_, 7, 6)
         IF_DP_C(0) IF_DP_C(1) IF_DP_C(2) IF_DP_C(3)
 #undef IF_DP_C
 #undef IF_DP
@@ -101,8 +111,8 @@ const AmxTileOps& amx_tiles_hw() {
     // which cpu_has_amx() asks for (once per process): never hand out the ops without it.
     static const bool usable = cpu_has_amx();
     IF_CHECK(usable, "amx tiles: AMX is not usable here: " << cpu_amx_missing());
-    static const AmxTileOps ops{"amx",   hw_config, hw_release, hw_load,
-                                hw_store, hw_zero,  hw_dpbf16ps};
+    static const AmxTileOps ops{"amx",    hw_config, hw_release, hw_load,
+                                hw_store, hw_zero,   hw_dpbf16ps};
     return ops;
 }
 

@@ -73,8 +73,8 @@ CpuIsa parse_isa(const std::string& name, const char* where) {
                         " = \"amx\": this CPU has no AVX-512 (F/BW/VL/DQ), which the amx path "
                         "runs besides the tiles");
         if (!cpu_has_amx() && !amx_emulated())
-            throw Error(std::string(where) + " = \"amx\": AMX is not usable here: " +
-                        cpu_amx_missing());
+            throw Error(std::string(where) +
+                        " = \"amx\": AMX is not usable here: " + cpu_amx_missing());
         return CpuIsa::amx;
     }
     throw Error(std::string(where) + " = \"" + name +
@@ -128,9 +128,12 @@ void set_cpu_isa_override(const std::string& name) {
 
 const char* cpu_isa_name(CpuIsa isa) {
     switch (isa) {
-        case CpuIsa::amx: return "amx";
-        case CpuIsa::avx512: return "avx512";
-        case CpuIsa::avx2: break;
+        case CpuIsa::amx:
+            return "amx";
+        case CpuIsa::avx512:
+            return "avx512";
+        case CpuIsa::avx2:
+            break;
     }
     return "avx2";
 }

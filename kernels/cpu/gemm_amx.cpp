@@ -51,7 +51,8 @@ void pack_panel(const GemmRows& w, int j0, int rows, int k, int kp, std::vector<
     for (int i0 = 0; i0 < n_pairs; i0 += 32) {  // 32 x 32 word blocks stay in L1
         const int i1 = std::min(n_pairs, i0 + 32);
         for (int r = 0; r < kPanelRows; ++r)
-            for (int i = i0; i < i1; ++i) panel[size_t(i) * kPanelRows + r] = words[size_t(r) * n_pairs + i];
+            for (int i = i0; i < i1; ++i)
+                panel[size_t(i) * kPanelRows + r] = words[size_t(r) * n_pairs + i];
     }
 }
 
@@ -61,7 +62,8 @@ void run_panels(const AmxTileOps& t, const GemmRows& w, const uint16_t* xb, int 
     std::vector<uint32_t> panel(size_t(kp / 2) * kPanelRows), words;
     std::vector<float> buf;
     alignas(64) float c[kTokRows * kPanelRows];  // the 2 x 2 accumulator tiles, [32 tok][32 rows]
-    const int64_t a_stride = int64_t(kp) * 2, b_stride = 2 * kPanelRows * 2, c_stride = 4 * kPanelRows;
+    const int64_t a_stride = int64_t(kp) * 2, b_stride = 2 * kPanelRows * 2,
+                  c_stride = 4 * kPanelRows;
     t.config(amx_full_tiles());
     for (int pi = p0; pi < p1; ++pi) {
         const int j0 = pi * kPanelRows, rows = std::min(kPanelRows, m - j0);
@@ -88,7 +90,8 @@ void run_panels(const AmxTileOps& t, const GemmRows& w, const uint16_t* xb, int 
             for (int i = 0; i < nt; ++i) {
                 float* o = out + size_t(t0 + i) * m + j0;
                 for (int r = 0; r < rows; ++r)
-                    epilogue(o + r, c[i * kPanelRows + r], bias ? bias + j0 : nullptr, r, accumulate);
+                    epilogue(o + r, c[i * kPanelRows + r], bias ? bias + j0 : nullptr, r,
+                             accumulate);
             }
         }
     }
@@ -97,8 +100,8 @@ void run_panels(const AmxTileOps& t, const GemmRows& w, const uint16_t* xb, int 
 
 }  // namespace
 
-void gemm_amx(const float* x, int n, int k, int m, const GemmRows& w, const float* bias,
-              float* out, bool accumulate, int n_threads, const AmxTileOps& tiles) {
+void gemm_amx(const float* x, int n, int k, int m, const GemmRows& w, const float* bias, float* out,
+              bool accumulate, int n_threads, const AmxTileOps& tiles) {
     if (n <= 0 || m <= 0) return;
     IF_CHECK(k > 0, "gemm_amx: k = " << k);
     const int kp = round_up(k, kStep), np = round_up(n, kTokRows);
@@ -113,7 +116,8 @@ void gemm_amx(const float* x, int n, int k, int m, const GemmRows& w, const floa
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         const int th = omp_get_thread_num(), nth = omp_get_num_threads();
-        const int p0 = int(int64_t(n_panels) * th / nth), p1 = int(int64_t(n_panels) * (th + 1) / nth);
+        const int p0 = int(int64_t(n_panels) * th / nth),
+                  p1 = int(int64_t(n_panels) * (th + 1) / nth);
         if (p0 < p1) run_panels(tiles, w, xbp, n, k, kp, m, p0, p1, bias, out, accumulate);
     }
 }

@@ -154,8 +154,7 @@ TEST_CASE("amx: the CPU's tiles are refused where AMX is not usable", "[amx][emu
     }
 }
 
-TEST_CASE("amx emulator: gemm_amx equals its plain-loop reference bit for bit",
-          "[amx][emulator]") {
+TEST_CASE("amx emulator: gemm_amx equals its plain-loop reference bit for bit", "[amx][emulator]") {
     std::mt19937 rng(11);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     struct Shape {
@@ -171,8 +170,8 @@ TEST_CASE("amx emulator: gemm_amx equals its plain-loop reference bit for bit",
         const RowsOfFloats rows(w.data(), s.k);
         for (const bool acc : {false, true}) {
             std::vector<float> got(size_t(s.n) * s.m, 0.5f), want = got;
-            gemm_amx(x.data(), s.n, s.k, s.m, rows, acc ? nullptr : bias.data(), got.data(), acc,
-                     2, amx_tiles_emulated());
+            gemm_amx(x.data(), s.n, s.k, s.m, rows, acc ? nullptr : bias.data(), got.data(), acc, 2,
+                     amx_tiles_emulated());
             gemm_amx_ref(x.data(), s.n, s.k, s.m, w.data(), acc ? nullptr : bias.data(),
                          want.data(), acc);
             INFO("n=" << s.n << " k=" << s.k << " m=" << s.m << " accumulate=" << acc);

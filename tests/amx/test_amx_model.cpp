@@ -7,13 +7,13 @@
 // Bars (bf16 products; see test_amx_ops.cpp for the per-op bounds): the first answer token
 // (top-1 of the first-token logits) is the reference's, and KL(reference || amx) of the
 // first-token distribution is below 0.01 nats (measured: 0.00045, the same 326-token prompt,
-// 48 recomputed tokens each, the same greedy answer). The same set of recomputed tokens is not required
-// (the selection is a cut through scores that moved by bf16 roundings); the count is.
+// 48 recomputed tokens each, the same greedy answer). The same set of recomputed tokens is not
+// required (the selection is a cut through scores that moved by bf16 roundings); the count is.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <iterator>
 #include <cstdio>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -37,9 +37,9 @@ namespace {
 constexpr double kMaxFirstTokenKl = 0.01;  // nats (measured 0.00045 on the emulator)
 
 MethodResult run_demo(const ModelWeights& w, const std::string& isa) {
-    Config cfg = load_config(std::string(INFOFLOW_SOURCE_DIR) + "/configs/demo.toml",
-                             {std::string("model.path=") + INFOFLOW_MODEL_PATH,
-                              "decode.max_new_tokens=12"});
+    Config cfg =
+        load_config(std::string(INFOFLOW_SOURCE_DIR) + "/configs/demo.toml",
+                    {std::string("model.path=") + INFOFLOW_MODEL_PATH, "decode.max_new_tokens=12"});
     GgufFile gguf(INFOFLOW_MODEL_PATH);
     const Tokenizer tok = Tokenizer::from_gguf(gguf);
     const ChatTemplate chat(tok, "auto");
@@ -49,8 +49,8 @@ MethodResult run_demo(const ModelWeights& w, const std::string& isa) {
     Model m(*be, w);
     MethodResult r = run_method(m, req, cfg, tok.stop_ids());
     std::printf("demo on %s (%s weights): %d context tokens, %zu recomputed, answer: %s\n",
-                cpu::cpu_isa_summary().c_str(), w.has_stored() ? "native" : "f32",
-                r.context_tokens, r.selected_positions.size(), tok.decode(r.answer).c_str());
+                cpu::cpu_isa_summary().c_str(), w.has_stored() ? "native" : "f32", r.context_tokens,
+                r.selected_positions.size(), tok.decode(r.answer).c_str());
     cpu::set_cpu_isa_override("auto");
     return r;
 }
@@ -80,8 +80,7 @@ TEST_CASE("amx: the demo request on SmolLM2 answers as the fp32 reference", "[am
     const MethodResult ref = run_demo(load_model_weights(INFOFLOW_MODEL_PATH), "avx512");
     LoadOptions native;
     native.native_weights = true;
-    const MethodResult got =
-        run_demo(load_model_weights(INFOFLOW_MODEL_PATH, native), "amx");
+    const MethodResult got = run_demo(load_model_weights(INFOFLOW_MODEL_PATH, native), "amx");
     REQUIRE(got.first_logits.size() == ref.first_logits.size());
     const int top_ref = argmax(ref.first_logits.data(), int(ref.first_logits.size()));
     const int top_got = argmax(got.first_logits.data(), int(got.first_logits.size()));
@@ -90,11 +89,11 @@ TEST_CASE("amx: the demo request on SmolLM2 answers as the fp32 reference", "[am
     std::set_symmetric_difference(got.selected_positions.begin(), got.selected_positions.end(),
                                   ref.selected_positions.begin(), ref.selected_positions.end(),
                                   std::back_inserter(differ));
-    std::printf("amx (%s tiles) vs fp32 reference: first token %d vs %d, first-token KL %.5f nats, "
-                "recomputed %zu vs %zu (%zu positions differ), same answer: %s\n",
-                cpu::amx_tiles().name, top_got, top_ref, kl, got.selected_positions.size(),
-                ref.selected_positions.size(), differ.size(),
-                got.answer == ref.answer ? "yes" : "no");
+    std::printf(
+        "amx (%s tiles) vs fp32 reference: first token %d vs %d, first-token KL %.5f nats, "
+        "recomputed %zu vs %zu (%zu positions differ), same answer: %s\n",
+        cpu::amx_tiles().name, top_got, top_ref, kl, got.selected_positions.size(),
+        ref.selected_positions.size(), differ.size(), got.answer == ref.answer ? "yes" : "no");
     CHECK(top_got == top_ref);
     CHECK(kl < kMaxFirstTokenKl);
     CHECK(got.selected_positions.size() == ref.selected_positions.size());

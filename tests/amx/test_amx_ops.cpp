@@ -212,8 +212,10 @@ bool visible(const AttnCase& c, const AttnData& d, int i, int j) {
 TEST_CASE("amx: tiled attention against the avx512 kernel within the bf16 bound", "[amx]") {
     std::mt19937 rng(29);
     const AttnCase cases[] = {
-        {40, 300, 6, 2, 64, KvDtype::f32, false},  {97, 97, 9, 3, 64, KvDtype::f32, true},
-        {33, 200, 4, 4, 40, KvDtype::f16, false},  {64, 130, 6, 2, 128, KvDtype::bf16, false},
+        {40, 300, 6, 2, 64, KvDtype::f32, false},
+        {97, 97, 9, 3, 64, KvDtype::f32, true},
+        {33, 200, 4, 4, 40, KvDtype::f16, false},
+        {64, 130, 6, 2, 128, KvDtype::bf16, false},
     };
     for (const AttnCase& c : cases) {
         const AttnData d = make_attn(rng, c);
@@ -253,10 +255,11 @@ TEST_CASE("amx: tiled attention against the avx512 kernel within the bf16 bound"
                 }
             }
         }
-        std::printf("attention amx (%s) n_q=%d n_kv=%d H=%d/%d D=%d kv=%s%s: worst error %.3f (out), "
-                    "%.3f (lse) of the bf16 bound\n",
-                    amx_tiles().name, c.n_q, c.n_kv, c.H, c.Hkv, c.D, kv_dtype_name(c.kv),
-                    c.groups ? " groups" : "", worst_o, worst_l);
+        std::printf(
+            "attention amx (%s) n_q=%d n_kv=%d H=%d/%d D=%d kv=%s%s: worst error %.3f (out), "
+            "%.3f (lse) of the bf16 bound\n",
+            amx_tiles().name, c.n_q, c.n_kv, c.H, c.Hkv, c.D, kv_dtype_name(c.kv),
+            c.groups ? " groups" : "", worst_o, worst_l);
         INFO("tiles " << amx_tiles().name << " n_q=" << c.n_q << " n_kv=" << c.n_kv << " D=" << c.D
                       << " kv=" << kv_dtype_name(c.kv) << " groups=" << c.groups);
         CHECK(worst_o <= 1.0);
@@ -264,8 +267,7 @@ TEST_CASE("amx: tiled attention against the avx512 kernel within the bf16 bound"
     }
 }
 
-TEST_CASE("amx: a query's attention bits do not depend on the other queries of its call",
-          "[amx]") {
+TEST_CASE("amx: a query's attention bits do not depend on the other queries of its call", "[amx]") {
     // Each row of the tiles is computed from its own query alone: calls that split the queries
     // differently (other neighbours in every tile and query block) give the same bits, as N
     // ranks must give what parallel.emulate_ranks = N gives. Calls keep > 16 rows (n_q * g) so
