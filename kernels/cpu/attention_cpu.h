@@ -9,7 +9,7 @@
 // few-row path instead: scores as dot products over the cache rows, keys split into fixed
 // 256-key segments (one task per kv head and segment, merged by maximum and normalizer), so the
 // threads share one token and the result does not depend on the thread count.
-// On cpu.isa = amx the many-row path runs Q·Kᵀ and P·V on bf16 tiles (attention_tiles in
+// On cpu.isa = amx the many-row path runs Q·Kᵀ on bf16 tiles, P·V in fp32 (attention_tiles in
 // attention_cpu_impl.h; docs/design.md §10 "AMX").
 // Written once over a vector type (attention_cpu_impl.h) and compiled for AVX2
 // (attention_cpu.cpp) and AVX-512 (attention_cpu_avx512.cpp); attention() picks the path of

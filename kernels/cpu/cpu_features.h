@@ -3,7 +3,7 @@
 // (with the AVX-512 flags set on that file alone) and pick it through active_cpu_isa(), so the same
 // binary runs on an AVX2-only machine and uses AVX-512 (with BF16/VNNI) where the CPU has it. The
 // AMX path is the AVX-512 path with the many-row products (the exact-pass GEMM, the tiled
-// attention's Q·Kᵀ and P·V) on bf16 tiles (kernels/cpu/amx_tiles.h).
+// attention's Q·Kᵀ) on bf16 tiles (kernels/cpu/amx_tiles.h).
 #pragma once
 
 #include <string>

@@ -82,9 +82,10 @@ const std::map<std::string, std::string>& descriptions() {
          "CPU kernel path: `auto` (AMX where the CPU has it and Linux grants the tile state, "
          "else AVX-512 with VNNI/BF16 where the CPU has it, else AVX2), `avx2`, `avx512` (an "
          "error on a CPU without AVX-512) or `amx` (AVX-512 with the prefill GEMMs and the "
-         "many-row attention on bf16 tiles, fp32 accumulation; an error naming what is missing "
-         "on a CPU without usable AMX); the environment variable INFOFLOW_CPU_ISA does the same "
-         "when this key is `auto`. The run summary prints the path and, on avx512, why not amx. "
+         "many-row attention's Q·Kᵀ on bf16 tiles, fp32 accumulation; an error naming what is "
+         "missing on a CPU without usable AMX); the environment variable INFOFLOW_CPU_ISA does "
+         "the same when this key is `auto`. The run summary prints the path and, on avx512, why "
+         "not amx. "
          "Test hook: INFOFLOW_AMX_EMULATE=1 runs the tiles in a software emulator (slow; never "
          "the default), so `amx` can be tested on a CPU without it"},
         {"model.dtype",

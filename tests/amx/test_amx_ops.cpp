@@ -5,10 +5,10 @@
 // by at most 2^-9 of it, so a product of two rounded values by at most ~2^-8 of |x w|; the fp32
 // sums add at most k 2^-24 of sum|x w| more (< 2^-13 for k <= 2048). Hence for a GEMM element
 //   |amx - fp32| <= 1.1 * 2^-8 * sum_c |x_c w_c| + 1e-6.
-// For attention, a score s = scale q.k moves by at most ds = 1.1 * 2^-8 * scale * sum_d |q_d k_d|;
-// the softmax weights then move by a factor within exp(+-2 ds), and P and V are rounded to bf16
-// for P·V (2^-8 of each term), so per row
-//   |o_amx - o_ref| <= (2 ds_max + 2^-7) * max|v| + 1e-5,   |lse_amx - lse_ref| <= ds_max + 1e-5,
+// For attention only the scores take the tiles (P·V stays fp32, attention_cpu_impl.h): a score
+// s = scale q.k moves by at most ds = 1.1 * 2^-8 * scale * sum_d |q_d k_d|, the softmax weights
+// then by a factor within exp(+-2 ds) (~1 +- 2 ds), so per row
+//   |o_amx - o_ref| <= 2 ds_max * max|v| + 1e-5,   |lse_amx - lse_ref| <= ds_max + 1e-5,
 // with ds_max the largest ds over the row's visible keys (computed by the test).
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -241,7 +241,7 @@ TEST_CASE("amx: tiled attention against the avx512 kernel within the bf16 bound"
                     }
                     ds = std::max(ds, kBf16Product * scale * mag);
                 }
-                const double tol_o = (2.0 * ds + 1.0 / 128.0) * vmax + 1e-5;
+                const double tol_o = 2.0 * ds * vmax + 1e-5;
                 const double tol_l = ds + 1e-5;
                 const size_t r = size_t(i) * c.H + h;
                 for (int e = 0; e < c.D; ++e) {
