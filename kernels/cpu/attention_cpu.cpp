@@ -131,7 +131,9 @@ void attention_avx2(const AttnParams& p, int n_threads) { tiled::attention<Avx2>
 }  // namespace detail
 
 void attention_isa(CpuIsa isa, const AttnParams& p, int n_threads) {
-    if (isa == CpuIsa::avx512) {
+    if (isa == CpuIsa::amx) {
+        attention_amx(p, n_threads, amx_tiles());
+    } else if (isa == CpuIsa::avx512) {
         IF_CHECK(cpu_has_avx512(), "attention: the avx512 path needs a CPU with AVX-512");
         detail::attention_avx512(p, n_threads);
     } else {
@@ -139,12 +141,17 @@ void attention_isa(CpuIsa isa, const AttnParams& p, int n_threads) {
     }
 }
 
+void attention_amx(const AttnParams& p, int n_threads, const AmxTileOps& tiles) {
+    IF_CHECK(cpu_has_avx512(), "attention: the amx path needs a CPU with AVX-512");
+    detail::attention_amx(p, n_threads, tiles);
+}
+
 void attention(const AttnParams& p, int n_threads) {
     attention_isa(active_cpu_isa(), p, n_threads);
 }
 
 void widen_kv_rows(KvDtype t, const void* src, size_t src_stride, int n, int w, float* dst) {
-    const bool avx512 = active_cpu_isa() == CpuIsa::avx512;
+    const bool avx512 = isa_uses_avx512(active_cpu_isa());
     const size_t esize = kv_dtype_size(t);
     for (int i = 0; i < n; ++i) {
         const void* row = static_cast<const char*>(src) + size_t(i) * src_stride * esize;

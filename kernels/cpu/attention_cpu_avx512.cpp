@@ -159,6 +159,10 @@ void attention_avx512(const AttnParams& p, int n_threads) {
     tiled::attention<Avx512>(p, n_threads);
 }
 
+void attention_amx(const AttnParams& p, int n_threads, const AmxTileOps& tiles) {
+    tiled::attention_tiles<Avx512>(p, n_threads, tiles);
+}
+
 }  // namespace detail
 }  // namespace infoflow::cpu
 
@@ -170,6 +174,9 @@ void widen_row_avx512(KvDtype, const void*, int, float*) {
 }
 void attention_avx512(const AttnParams&, int) {
     IF_CHECK(false, "the avx512 CPU path is not built on this architecture");
+}
+void attention_amx(const AttnParams&, int, const AmxTileOps&) {
+    IF_CHECK(false, "the amx CPU path is not built on this architecture");
 }
 }  // namespace infoflow::cpu::detail
 

@@ -6,6 +6,8 @@
 //   vectors per P·V register block), zero/set1/load/store/fmadd/add/sub/mul, exp (of x <= 0),
 //   hmax/hsum, mask (scores of invisible keys to -inf), widen (a row of K/V to fp32) and
 //   load_f16/load_bf16 (L 16-bit values widened in a register).
+// attention_tiles is the same kernel with Q·Kᵀ on AMX bf16 tiles (cpu.isa = amx),
+// instantiated by attention_cpu_avx512.cpp alone.
 #pragma once
 
 #include <omp.h>
@@ -17,7 +19,9 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/amx_tiles.h"
 #include "runtime/core/error.h"
+#include "runtime/core/half.h"
 
 namespace infoflow::cpu::tiled {
 
@@ -518,6 +522,178 @@ void attention(const AttnParams& p, int n_threads) {
                 }
             }
         }
+    }
+}
+
+// ---- many rows on AMX tiles (cpu.isa = amx) ----
+// attention<V> with Q·Kᵀ on bf16 tiles (amx_tiles.h) and the rest unchanged in fp32: every key
+// tile's K is rounded to bf16 in the VNNI pair layout ([Dk/2][KT][2]) and its V widened to fp32
+// ([KT][Dp]) once per call; per task (query block, kv head), key tile and group of 16 query rows,
+// S = Q·Kᵀ (scaled Q rounded to bf16) is accumulated in fp32 tiles over the head in steps of 32,
+// then masked, exponentiated (softmax_tile) and multiplied with V (pv_block) as in attention<V>.
+// A score depends on its query and its key alone, in a fixed order: neither the other rows of
+// its tile nor which keys share the call change it.
+// P·V stays in fp32: with P rounded to bf16 relative to the running maximum, a key set split over
+// ranks (partials merged by LSE, docs/design.md §5.3) rounds P against other maxima than one call
+// over all keys, a 2^-9-relative difference where fp32 gives ~1e-7; on the §6.4 near-tie request
+// that moved 2 recomputed tokens of 2 ranks against parallel.emulate_ranks = 2 (cacheblend) and
+// the first-token logits by more than 1e-4 (tests/mpi/test_sp_real.cpp on emulated tiles).
+// Calls with few rows (decode) keep attention_few. Tiles: score accumulators 0..3, A 4, B 5.
+template <class V>
+void attention_tiles(const AttnParams& p, int n_threads, const AmxTileOps& tiles) {
+    using F = typename V::F;
+    constexpr int L = V::L, NV = V::NV, KT = L * NV, RB = V::RB, DV = V::DV, TR = kAmxTileRows;
+    static_assert(KT % 32 == 0 && KT / 16 <= 4, "a key tile is whole k steps and 4 score tiles");
+    static_assert(TR % RB == 0, "a group of tile rows is whole register blocks");
+    const int D = p.head_dim, H = p.n_head, Hkv = p.n_head_kv;
+    IF_CHECK(H > 0 && Hkv > 0 && H % Hkv == 0 && D > 0, "attention: bad head counts");
+    const KvView kv = kv_view(p);
+    IF_CHECK(kv.wide ? (p.n_kv == 0 || (p.k && p.v)) : (p.n_kv == 0 || (p.k16 && p.v16)),
+             "attention: k/v missing for kv_dtype " << kv_dtype_name(p.kv_dtype));
+    const int g = H / Hkv;
+    const int n_q = p.n_q, n_kv = p.n_kv;
+    if (n_q == 0) return;
+    const bool groups = p.k_group != nullptr;
+    IF_CHECK(!groups || p.q_group, "attention: k_group given without q_group");
+    if (n_q * g <= kFewRows) return attention_few<V>(p, n_threads);
+    const int Dk = round_up(D, 32);      // the head as k steps of Q·Kᵀ (zeros past D)
+    const int Dp = round_up(D, L * DV);  // padded head width of V and the output (pv_block)
+
+    const int n_tiles = (n_kv + KT - 1) / KT;
+    std::vector<int32_t> tmin(n_tiles, INT32_MAX), tmax(n_tiles, INT32_MIN);
+    for (int j = 0; j < n_kv; ++j) {
+        tmin[j / KT] = std::min(tmin[j / KT], p.k_pos[j]);
+        tmax[j / KT] = std::max(tmax[j / KT], p.k_pos[j]);
+    }
+    const int n_qblocks = (n_q + kQueryBlock - 1) / kQueryBlock;
+    const int n_tasks = n_qblocks * Hkv;
+
+    // Every key tile's K (bf16, as B of Q·Kᵀ: kpack[(d / 2) * 2 KT + j * 2 + d % 2]) and V
+    // (fp32, [KT][Dp]) of every kv head, once per call (not once per query block); keys past
+    // n_kv and columns past D are zeros.
+    const size_t k_tile = size_t(Dk) * KT, v_tile = size_t(KT) * Dp;
+    std::vector<uint16_t> kpack(size_t(Hkv) * n_tiles * k_tile);
+    std::vector<float> vpack(size_t(Hkv) * n_tiles * v_tile);
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1)
+    {
+        std::vector<float> kw(D);
+#pragma omp for schedule(static)
+        for (int u = 0; u < Hkv * n_tiles; ++u) {
+            const int hk = u / n_tiles, j0 = (u % n_tiles) * KT, nk = std::min(KT, n_kv - j0);
+            uint16_t* kb = kpack.data() + size_t(u) * k_tile;
+            float* vb = vpack.data() + size_t(u) * v_tile;
+            for (int j = 0; j < nk; ++j) {
+                const size_t at = ((size_t(j0) + j) * kv.stride + size_t(hk) * D) * kv.esize;
+                V::widen(p.kv_dtype, kv.kbase + at, D, kw.data());
+                V::widen(p.kv_dtype, kv.vbase + at, D, vb + size_t(j) * Dp);
+                for (int d = 0; d < D; ++d)
+                    kb[size_t(d / 2) * 2 * KT + j * 2 + d % 2] = fp32_to_bf16(kw[d]);
+            }
+        }
+    }
+
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1)
+    {
+        const int max_rows = round_up(std::min(kQueryBlock, n_q) * g, TR);
+        std::vector<uint16_t> qb(size_t(max_rows) * Dk);
+        std::vector<float> qrow(D), sc_buf(size_t(TR) * KT), pt(size_t(max_rows) * KT);
+        std::vector<float> ob(size_t(max_rows) * Dp), alpha(max_rows), m(max_rows);
+        std::vector<double> l(max_rows);
+        std::vector<int32_t> rpos(max_rows), rgrp(max_rows);
+        alignas(64) int32_t kpos[KT];
+        alignas(64) int32_t kgrp[KT];
+        tiles.config(amx_full_tiles());
+
+#pragma omp for schedule(dynamic, 1)
+        for (int task = 0; task < n_tasks; ++task) {
+            const int qblk = n_qblocks - 1 - task / Hkv;
+            const int hk = task % Hkv;
+            const int t0 = qblk * kQueryBlock;
+            const int nt = std::min(kQueryBlock, n_q - t0);
+            const int rows = nt * g, rows_t = round_up(rows, TR);
+
+            // Row r = t * g + gi <-> token t0 + t, query head hk * g + gi, scaled, in bf16.
+            // Padding rows are zeros and see no key (position INT32_MIN).
+            int32_t max_qpos = INT32_MIN;
+            std::fill(qb.begin(), qb.begin() + size_t(rows_t) * Dk, uint16_t(0));
+            for (int r = 0; r < rows_t; ++r) {
+                if (r < rows) {
+                    const int t = r / g, gi = r % g;
+                    const float* src = p.q + (size_t(t0 + t) * H + hk * g + gi) * D;
+                    for (int d = 0; d < D; ++d) qrow[d] = src[d] * kv.scale;
+                    fp32_to_bf16_rows(qrow.data(), D, qb.data() + size_t(r) * Dk);
+                    rpos[r] = p.q_pos[t0 + t];
+                    rgrp[r] = groups ? p.q_group[t0 + t] : 0;
+                    max_qpos = std::max(max_qpos, rpos[r]);
+                } else {
+                    rpos[r] = INT32_MIN;
+                    rgrp[r] = 0;
+                }
+            }
+            std::fill(ob.begin(), ob.begin() + size_t(rows_t) * Dp, 0.0f);
+            std::fill(m.begin(), m.begin() + rows_t, -INFINITY);
+            std::fill(l.begin(), l.begin() + rows_t, 0.0);
+
+            for (int ti = 0; ti < n_tiles; ++ti) {
+                if (tmin[ti] > max_qpos) continue;  // every key after every query of the block
+                const int j0 = ti * KT, nk = std::min(KT, n_kv - j0);
+                for (int j = 0; j < KT; ++j) {
+                    kpos[j] = j < nk ? p.k_pos[j0 + j] : INT32_MAX;
+                    kgrp[j] = j < nk && groups ? p.k_group[j0 + j] : -1;
+                }
+                const uint16_t* kb = kpack.data() + (size_t(hk) * n_tiles + ti) * k_tile;
+                const float* vb = vpack.data() + (size_t(hk) * n_tiles + ti) * v_tile;
+                const bool plain = !groups && nk == KT;
+
+                for (int rg = 0; rg < rows_t; rg += TR) {
+                    bool live = false;
+                    for (int r = 0; r < TR; ++r) live = live || rpos[rg + r] >= tmin[ti];
+                    if (!live) continue;
+                    // S: TR rows x KT keys in KT / 16 accumulator tiles.
+                    for (int i = 0; i < KT / 16; ++i) tiles.zero(i);
+                    for (int d0 = 0; d0 < Dk; d0 += 32) {
+                        tiles.load(4, qb.data() + size_t(rg) * Dk + d0, int64_t(Dk) * 2);
+                        for (int i = 0; i < KT / 16; ++i) {
+                            tiles.load(5, kb + size_t(d0 / 2) * 2 * KT + i * 32, int64_t(KT) * 4);
+                            tiles.dpbf16ps(i, 4, 5);
+                        }
+                    }
+                    for (int i = 0; i < KT / 16; ++i)
+                        tiles.store(i, sc_buf.data() + i * 16, int64_t(KT) * 4);
+                    // Mask, tile maximum, exp and sum per row in fp32, then P·V in fp32.
+                    for (int r = 0; r < TR; ++r) {
+                        const int row = rg + r;
+                        F sc[NV];
+                        for (int v = 0; v < NV; ++v)
+                            sc[v] = V::load(sc_buf.data() + size_t(r) * KT + v * L);
+                        if (!(plain && tmax[ti] <= rpos[row])) {
+                            for (int v = 0; v < NV; ++v)
+                                sc[v] = V::mask(sc[v], kpos + v * L, kgrp + v * L, rpos[row],
+                                                rgrp[row], groups);
+                        }
+                        alpha[row] =
+                            softmax_tile<V>(sc, pt.data() + size_t(row) * KT, m[row], l[row]);
+                    }
+                    for (int r0 = rg; r0 < rg + TR; r0 += RB)
+                        pv_block<V>(ob.data(), Dp, r0, alpha.data(), pt.data(), vb, size_t(Dp), nk);
+                }
+            }
+
+            for (int r = 0; r < rows; ++r) {
+                const int t = r / g, h = hk * g + r % g;
+                float* dst = p.out + (size_t(t0 + t) * H + h) * D;
+                const float* o = ob.data() + size_t(r) * Dp;
+                if (l[r] > 0.0) {
+                    const float inv = float(1.0 / l[r]);
+                    for (int d = 0; d < D; ++d) dst[d] = o[d] * inv;
+                    if (p.lse) p.lse[size_t(t0 + t) * H + h] = m[r] + float(std::log(l[r]));
+                } else {
+                    std::fill(dst, dst + D, 0.0f);
+                    if (p.lse) p.lse[size_t(t0 + t) * H + h] = -INFINITY;
+                }
+            }
+        }
+        tiles.release();
     }
 }
 

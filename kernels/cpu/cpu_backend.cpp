@@ -154,7 +154,7 @@ class CpuBackend final : public Backend {
     // 30 per thread with AVX-512 (two 16-lane FMA ports at ~2.5 GHz, about 40 % of peak, as the
     // prefill measures it), 15 with AVX2.
     double nominal_gmacs() const override {
-        return n_threads_ * (cpu::active_cpu_isa() == cpu::CpuIsa::avx512 ? 30.0 : 15.0);
+        return n_threads_ * (cpu::isa_uses_avx512(cpu::active_cpu_isa()) ? 30.0 : 15.0);
     }
 
     bool supports_native_weights() const override { return true; }

@@ -1,7 +1,14 @@
 #include "kernels/cpu/cpu_features.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "runtime/core/error.h"
 
@@ -11,16 +18,67 @@ namespace {
 // -1: not chosen yet; otherwise a CpuIsa value.
 std::atomic<int> g_isa{-1};
 
+// Linux: ask for the AMX tile data state (XFEATURE_XTILEDATA) for this process; without the
+// grant the first tile instruction faults (SIGILL). Numbers from the kernel's uapi
+// (asm/prctl.h, asm/fpu xfeatures), written out so older headers build.
+constexpr long kArchReqXcompPerm = 0x1023;
+constexpr long kXfeatureXtiledata = 18;
+
+uint64_t read_xcr0() {
+    uint32_t lo = 0, hi = 0;
+    // xgetbv without -mxsave on the baseline build; only reached when cpuid reports OSXSAVE.
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t(hi) << 32) | lo;
+}
+
+// "" when AMX is usable, else the first requirement that fails, in the order the checks run.
+std::string probe_amx() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return "cpu lacks cpuid leaf 7";
+    if (!(d & (1u << 24))) return "cpu lacks amx_tile";
+    if (!(d & (1u << 22))) return "cpu lacks amx_bf16";
+    if (!(d & (1u << 25))) return "cpu lacks amx_int8";
+    if (!cpu_has_avx512()) return "cpu lacks avx512";
+    unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+    if (!__get_cpuid(1, &a1, &b1, &c1, &d1) || !(c1 & (1u << 27)))
+        return "os has not enabled xsave (osxsave)";
+    const uint64_t xcr0 = read_xcr0();
+    if (!(xcr0 & (1ull << 17)) || !(xcr0 & (1ull << 18)))
+        return "os has not enabled the tile state (xcr0 xtilecfg/xtiledata)";
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0)
+        return std::string("linux refused the tile state (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
+               std::strerror(errno) + ")";
+    return "";
+}
+
+const std::string& amx_missing_cached() {
+    static const std::string missing = probe_amx();
+    return missing;
+}
+
 CpuIsa parse_isa(const std::string& name, const char* where) {
-    if (name == "auto") return cpu_has_avx512() ? CpuIsa::avx512 : CpuIsa::avx2;
+    if (name == "auto") {
+        if (cpu_has_amx()) return CpuIsa::amx;
+        return cpu_has_avx512() ? CpuIsa::avx512 : CpuIsa::avx2;
+    }
     if (name == "avx2") return CpuIsa::avx2;
     if (name == "avx512") {
         if (!cpu_has_avx512())
             throw Error(std::string(where) + " = \"avx512\": this CPU has no AVX-512 (F/BW/VL/DQ)");
         return CpuIsa::avx512;
     }
+    if (name == "amx") {
+        if (!cpu_has_avx512())
+            throw Error(std::string(where) +
+                        " = \"amx\": this CPU has no AVX-512 (F/BW/VL/DQ), which the amx path "
+                        "runs besides the tiles");
+        if (!cpu_has_amx() && !amx_emulated())
+            throw Error(std::string(where) +
+                        " = \"amx\": AMX is not usable here: " + cpu_amx_missing());
+        return CpuIsa::amx;
+    }
     throw Error(std::string(where) + " = \"" + name +
-                "\": unknown CPU path (expected \"auto\", \"avx2\" or \"avx512\")");
+                "\": unknown CPU path (expected \"auto\", \"avx2\", \"avx512\" or \"amx\")");
 }
 
 }  // namespace
@@ -42,6 +100,18 @@ bool cpu_has_avx512_vnni() {
     return has;
 }
 
+bool cpu_has_amx() { return amx_missing_cached().empty(); }
+
+std::string cpu_amx_missing() { return amx_missing_cached(); }
+
+bool amx_emulated() {
+    static const bool on = [] {
+        const char* env = std::getenv("INFOFLOW_AMX_EMULATE");
+        return env && std::strcmp(env, "1") == 0;
+    }();
+    return on;
+}
+
 CpuIsa active_cpu_isa() {
     int v = g_isa.load(std::memory_order_acquire);
     if (v >= 0) return static_cast<CpuIsa>(v);
@@ -56,15 +126,31 @@ void set_cpu_isa_override(const std::string& name) {
     g_isa.store(static_cast<int>(parse_isa(name, "cpu.isa")), std::memory_order_release);
 }
 
-const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::avx512 ? "avx512" : "avx2"; }
+const char* cpu_isa_name(CpuIsa isa) {
+    switch (isa) {
+        case CpuIsa::amx:
+            return "amx";
+        case CpuIsa::avx512:
+            return "avx512";
+        case CpuIsa::avx2:
+            break;
+    }
+    return "avx2";
+}
 
 std::string cpu_isa_summary() {
     const CpuIsa isa = active_cpu_isa();
     std::string s = cpu_isa_name(isa);
-    if (isa == CpuIsa::avx512) {
+    if (isa_uses_avx512(isa)) {
         std::string extra;
         if (cpu_has_avx512_bf16()) extra += "bf16";
         if (cpu_has_avx512_vnni()) extra += extra.empty() ? "vnni" : ", vnni";
+        if (isa == CpuIsa::amx) {
+            extra += amx_emulated() ? "; emulated tiles: INFOFLOW_AMX_EMULATE test hook"
+                                    : (extra.empty() ? "tiles" : ", tiles");
+        } else if (!cpu_has_amx()) {
+            extra += (extra.empty() ? "no amx: " : "; no amx: ") + cpu_amx_missing();
+        }
         if (!extra.empty()) s += " (" + extra + ")";
     }
     return s;

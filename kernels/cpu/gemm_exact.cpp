@@ -174,7 +174,7 @@ const GemmKernels& gemm_kernels_avx2() {
 }
 
 const GemmKernels& gemm_kernels() {
-    return active_cpu_isa() == CpuIsa::avx512 ? gemm_kernels_avx512() : gemm_kernels_avx2();
+    return isa_uses_avx512(active_cpu_isa()) ? gemm_kernels_avx512() : gemm_kernels_avx2();
 }
 
 void gemm_exact(const float* x, int n, int k, int m, const GemmRows& w, const float* bias,

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_exact.h"
 #include "kernels/cpu/quant_dot.h"
 #include "runtime/core/error.h"
@@ -202,6 +203,11 @@ void native_matmul(const float* x, const NativeMatrix& w, const float* bias, int
     const bool quantized = native_type_quantized(w.type);
     switch (w.pass) {
         case NativePass::exact:
+            // cpu.isa = amx: bf16 tiles for calls of many rows (gemm_amx.h); decode-sized calls
+            // keep the exact pass.
+            if (active_cpu_isa() == CpuIsa::amx && n >= kAmxMinRows)
+                return gemm_amx(x, n, w.cols, w.rows, StoredRows(qk, w), bias, out, accumulate,
+                                threads, amx_tiles());
             gemm_exact(x, n, w.cols, w.rows, StoredRows(qk, w), bias, out, accumulate, threads);
             return;
         case NativePass::decode:

@@ -8,7 +8,10 @@
 //  - F32, F16, BF16: fp32 x, the rows widened in registers, 16 rows and up to 4 tokens per call.
 // Each output element is computed by the same operations in the same order whatever n is and
 // however the rows are split over threads, so a token's result does not depend on which rank
-// computes it or which other tokens share its call (docs/design.md §6.4). Each thread takes a
+// computes it or which other tokens share its call (docs/design.md §6.4). On cpu.isa = amx,
+// exact-pass calls of at least kAmxMinRows rows take bf16 tiles instead (gemm_amx.h): still one
+// fixed sequence per element whatever the call's other tokens, but a different one (bf16 inputs)
+// from the calls of fewer rows, which keep gemm_exact. Each thread takes a
 // contiguous range of weight rows and runs it over the tokens in blocks of 32.
 #pragma once
 

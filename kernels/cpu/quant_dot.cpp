@@ -148,7 +148,7 @@ void gather_grouped_blocks(uint32_t type, const uint8_t* data, int64_t row, int6
 }
 
 const QuantKernels& quant_kernels(CpuIsa isa) {
-    if (isa == CpuIsa::avx512) {
+    if (isa_uses_avx512(isa)) {
         IF_CHECK(cpu_has_avx512(), "the AVX-512 kernels need a CPU with AVX-512 (F/BW/VL/DQ)");
         return quant_kernels_avx512();
     }

@@ -63,7 +63,7 @@ IF_ENUM_NAMES(Config::StoreMode, "read", "read-write")
 IF_ENUM_NAMES(Config::StoreDType, "f16", "bf16", "f32")
 IF_ENUM_NAMES(Config::KvDType, "f32", "f16", "bf16")
 IF_ENUM_NAMES(Config::Weights, "native", "f32")
-IF_ENUM_NAMES(Config::CpuIsa, "auto", "avx2", "avx512")
+IF_ENUM_NAMES(Config::CpuIsa, "auto", "avx2", "avx512", "amx")
 
 #undef IF_ENUM_NAMES
 

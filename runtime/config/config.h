@@ -51,7 +51,7 @@ struct Config {
     enum class StoreDType { f16, bf16, f32 };
     enum class KvDType { f32, f16, bf16 };
     enum class Weights { native, f32 };             // model.weights
-    enum class CpuIsa { automatic, avx2, avx512 };  // cpu.isa ("auto")
+    enum class CpuIsa { automatic, avx2, avx512, amx };  // cpu.isa ("auto")
 
     static constexpr int k_default_chunk_size = 2048;
 

@@ -85,10 +85,15 @@ const std::map<std::string, std::string>& descriptions() {
          "dequantizes the whole model to fp32 at load (the reference). The `cuda` backend always "
          "loads `f32` (bf16 on the device)"},
         {"cpu.isa",
-         "CPU kernel path: `auto` (AVX-512 with VNNI/BF16 where the CPU has it, else AVX2), "
-         "`avx2` or `avx512` (an error on a CPU without AVX-512); the environment variable "
-         "INFOFLOW_CPU_ISA does the same when this key is `auto`. The run summary prints the "
-         "path"},
+         "CPU kernel path: `auto` (AMX where the CPU has it and Linux grants the tile state, "
+         "else AVX-512 with VNNI/BF16 where the CPU has it, else AVX2), `avx2`, `avx512` (an "
+         "error on a CPU without AVX-512) or `amx` (AVX-512 with the prefill GEMMs and the "
+         "many-row attention's Q·Kᵀ on bf16 tiles, fp32 accumulation; an error naming what is "
+         "missing on a CPU without usable AMX); the environment variable INFOFLOW_CPU_ISA does "
+         "the same when this key is `auto`. The run summary prints the path and, on avx512, why "
+         "not amx. "
+         "Test hook: INFOFLOW_AMX_EMULATE=1 runs the tiles in a software emulator (slow; never "
+         "the default), so `amx` can be tested on a CPU without it"},
         {"model.dtype",
          "compute type of weights and activations; the CPU backend computes in fp32 (`bf16` / "
          "`fp16` are planned: not implemented yet)"},

@@ -266,10 +266,12 @@ assert a2["threads_per_rank"] == 1 and a1["threads_per_rank"] == 2
 assert b["model"]["hash_scope"] == "name"
 # Placement: both ranks of the local 2-rank run on this host, node-local ranks 0 and 1.
 pl = json.load(open(f"{tmp}/answer2.json"))["placement"]
-# The CPU device names its kernel path: "cpu (avx2)" or "cpu (avx512 (bf16, vnni))".
+# The CPU device names its kernel path: "cpu (avx2)", "cpu (avx512 (bf16, vnni; no amx: ...))"
+# or "cpu (amx (...))".
 assert [(p["rank"], p["host"], p["local_rank"], p["local_size"], p["device"].split(" ")[0])
         for p in pl] == [(r, socket.gethostname(), r, 2, "cpu") for r in range(2)], pl
-assert all(p["device"] in ("cpu (avx2)", "cpu (avx512)") or p["device"].startswith("cpu (avx512 (")
+assert all(p["device"] in ("cpu (avx2)", "cpu (avx512)", "cpu (amx)")
+           or p["device"].startswith(("cpu (avx512 (", "cpu (amx ("))
            for p in pl), pl
 print("ok: provenance", a1["tool"]["commit"], a1["model"]["hash"], a1["host"]["cpu"]["model"])
 PY

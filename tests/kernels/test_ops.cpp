@@ -1452,3 +1452,32 @@ TEST_CASE("cpu isa: the override accepts the known paths and names a bad one", "
     }
     infoflow::cpu::set_cpu_isa_override(infoflow::cpu::cpu_isa_name(before));
 }
+
+TEST_CASE("cpu isa: amx only where the CPU and Linux provide it, else an error saying why",
+          "[kernels][isa]") {
+    // tests_kernels runs without the emulator hook (INFOFLOW_AMX_EMULATE), so "amx" means the
+    // CPU's tiles; tests/amx covers the path itself.
+    namespace cpu = infoflow::cpu;
+    REQUIRE_FALSE(cpu::amx_emulated());
+    const cpu::CpuIsa before = cpu::active_cpu_isa();
+    INFO("amx: " << (cpu::cpu_has_amx() ? "usable" : cpu::cpu_amx_missing()));
+    if (cpu::cpu_has_amx()) {
+        CHECK(cpu::cpu_amx_missing().empty());
+        cpu::set_cpu_isa_override("auto");
+        CHECK(cpu::active_cpu_isa() == cpu::CpuIsa::amx);
+        cpu::set_cpu_isa_override("amx");
+        CHECK(cpu::cpu_isa_summary().rfind("amx (", 0) == 0);
+    } else {
+        CHECK_FALSE(cpu::cpu_amx_missing().empty());
+        CHECK_THROWS_WITH(cpu::set_cpu_isa_override("amx"),
+                          Catch::Contains("cpu.isa") && Catch::Contains(cpu::cpu_amx_missing()));
+        cpu::set_cpu_isa_override("auto");
+        CHECK(cpu::active_cpu_isa() != cpu::CpuIsa::amx);
+        if (cpu::cpu_has_avx512()) {
+            // The run summary says why the path is not amx.
+            CHECK(cpu::cpu_isa_summary().find("no amx: " + cpu::cpu_amx_missing()) !=
+                  std::string::npos);
+        }
+    }
+    cpu::set_cpu_isa_override(cpu::cpu_isa_name(before));
+}

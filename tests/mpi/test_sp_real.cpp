@@ -8,12 +8,18 @@
 // took 8-bit activations and a larger one a dequantized GEMM, so a token's arithmetic changed
 // with the number of rows its rank recomputed: 2 ranks selected tokens 1 rank did not.
 // Rank 0 computes the one-rank oracles and broadcasts them; collectives first, checks after.
+// On cpu.isa = amx (e.g. INFOFLOW_CPU_ISA=amx INFOFLOW_AMX_EMULATE=1 in the environment of every
+// rank) the selections must still be equal; the first-token logits are held to 1e-2 instead:
+// the activations are rounded to bf16 before every GEMM, so the ~1e-7 by which the merge order of
+// the attention partials moves them (docs/design.md §6.4) sometimes crosses a bf16 rounding
+// boundary (measured 3e-3 - 6.4e-3 on 2 ranks, emulated tiles).
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <iterator>
 #include <string>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/cpu_features.h"
 #include "runtime/config/config.h"
 #include "runtime/formats/chat_template.h"
 #include "runtime/formats/gguf.h"
@@ -28,6 +34,7 @@ using namespace infoflow::test;
 namespace {
 
 constexpr double kTol = 1e-4;
+constexpr double kTolAmx = 1e-2;
 
 struct Real {
     std::unique_ptr<Communicator> comm = make_communicator("mpi");
@@ -111,8 +118,9 @@ TEST_CASE("sp real: native weights, near-tie text: exact = one rank, kv = emulat
         CHECK(rk.selected_positions == ok.selected);
         CHECK(rx.answer == ox.answer);  // every rank holds the broadcast tokens
         if (s.comm->rank() == 0) {
-            CHECK(rel_err(rx.first_logits, ox.first) <= kTol);
-            CHECK(rel_err(rk.first_logits, ok.first) <= kTol);
+            const double tol = cpu::active_cpu_isa() == cpu::CpuIsa::amx ? kTolAmx : kTol;
+            CHECK(rel_err(rx.first_logits, ox.first) <= tol);
+            CHECK(rel_err(rk.first_logits, ok.first) <= tol);
             CHECK(rk.answer == ok.answer);
         }
     }
