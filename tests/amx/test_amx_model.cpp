@@ -74,7 +74,7 @@ double kl_softmax(const std::vector<float>& p_logits, const std::vector<float>& 
 
 }  // namespace
 
-TEST_CASE("amx: the demo request on SmolLM2 answers as the fp32 reference", "[amx][real]") {
+TEST_CASE("amx: the demo request on SmolLM2 answers as the fp32 reference", "[amx][real][heavy]") {
     REQUIRE(file_exists(INFOFLOW_MODEL_PATH));
     REQUIRE(cpu::cpu_has_avx512());
     const MethodResult ref = run_demo(load_model_weights(INFOFLOW_MODEL_PATH), "avx512");
