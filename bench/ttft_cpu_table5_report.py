@@ -148,7 +148,7 @@ def plot(rows, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5))
     series = {}
     for r in rows:
         if r["method"] == "single":
@@ -171,7 +171,7 @@ def plot(rows, path):
     ax.set_ylabel("TTFT (s)")
     ax.set_title("TTFT on CPU nodes, SmolLM2-135M, 1 core per rank")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
