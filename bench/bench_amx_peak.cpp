@@ -19,29 +19,17 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/cpu_features.h"
 
 namespace {
-
-struct alignas(64) TileConfig {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
 
 constexpr double kFlopsPerDp = 16.0 * 16.0 * 32.0 * 2.0;
 
 // `iters` x 4 TDPBF16PS on this thread's tiles; the tiles are configured and released here.
 void dp_loop(int64_t iters) {
-    TileConfig cfg;
-    std::memset(&cfg, 0, sizeof(cfg));
-    cfg.palette_id = 1;
-    for (int t = 0; t < 8; ++t) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
+    const infoflow::cpu::AmxTileConfig cfg =
+        infoflow::cpu::amx_tile_config(infoflow::cpu::amx_full_tiles());
     _tile_loadconfig(&cfg);
     alignas(64) static thread_local uint16_t src[16 * 32];
     for (int i = 0; i < 16 * 32; ++i) src[i] = 0x3f80;  // bf16 1.0

@@ -136,6 +136,21 @@ AmxTileShape amx_full_tiles() {
     return s;
 }
 
+AmxTileConfig amx_tile_config(const AmxTileShape& shape) {
+    AmxTileConfig cfg;
+    std::memset(&cfg, 0, sizeof(cfg));
+    cfg.palette_id = 1;
+    for (int t = 0; t < kAmxTiles; ++t) {
+        IF_CHECK(
+            shape.rows[t] >= 0 && shape.rows[t] <= kAmxTileRows && shape.colsb[t] >= 0 &&
+                shape.colsb[t] <= kAmxTileBytes,
+            "amx tile " << t << ": " << shape.rows[t] << " rows x " << shape.colsb[t] << " bytes");
+        cfg.rows[t] = uint8_t(shape.rows[t]);
+        cfg.colsb[t] = uint16_t(shape.colsb[t]);
+    }
+    return cfg;
+}
+
 const AmxTileOps& amx_tiles_emulated() {
     static const AmxTileOps ops{"emulated", emu_config, emu_release, emu_load,
                                 emu_store,  emu_zero,   emu_dpbf16ps};

@@ -31,6 +31,18 @@ struct AmxTileShape {
     int colsb[kAmxTiles] = {};
 };
 
+// LDTILECFG's 64-byte memory operand (palette 1) for `shape`; throws infoflow::Error naming the
+// tile when a shape is out of range (more than 16 rows or 64 bytes).
+struct alignas(64) AmxTileConfig {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+static_assert(sizeof(AmxTileConfig) == 64, "LDTILECFG takes 64 bytes");
+AmxTileConfig amx_tile_config(const AmxTileShape& shape);
+
 // Every tile 16 rows x 64 bytes: the shape the kernels use (partial blocks are zero-padded in
 // memory, so each tile op's shape is fixed).
 AmxTileShape amx_full_tiles();

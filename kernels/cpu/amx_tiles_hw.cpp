@@ -8,7 +8,8 @@
 #include "kernels/cpu/cpu_features.h"
 #include "runtime/core/error.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// GCC names the AMX feature macros __AMX_TILE__ and __AMX_BF16__, clang __AMXTILE__ and __AMXBF16__.
+#if (defined(__AMX_TILE__) || defined(__AMXTILE__)) && (defined(__AMX_BF16__) || defined(__AMXBF16__))
 #include <immintrin.h>
 
 #include <cstring>
@@ -16,28 +17,8 @@
 namespace infoflow::cpu {
 namespace {
 
-// LDTILECFG's 64-byte memory operand (palette 1).
-struct alignas(64) TileConfig {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-static_assert(sizeof(TileConfig) == 64, "LDTILECFG takes 64 bytes");
-
 void hw_config(const AmxTileShape& shape) {
-    TileConfig cfg;
-    std::memset(&cfg, 0, sizeof(cfg));
-    cfg.palette_id = 1;
-    for (int t = 0; t < kAmxTiles; ++t) {
-        IF_CHECK(
-            shape.rows[t] >= 0 && shape.rows[t] <= kAmxTileRows && shape.colsb[t] >= 0 &&
-                shape.colsb[t] <= kAmxTileBytes,
-            "amx tile " << t << ": " << shape.rows[t] << " rows x " << shape.colsb[t] << " bytes");
-        cfg.rows[t] = uint8_t(shape.rows[t]);
-        cfg.colsb[t] = uint16_t(shape.colsb[t]);
-    }
+    const AmxTileConfig cfg = amx_tile_config(shape);
     _tile_loadconfig(&cfg);
 }
 

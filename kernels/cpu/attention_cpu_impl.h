@@ -170,6 +170,27 @@ constexpr int kSegmentKeys = 256;
 // One kv head's step over one key tile in attention_few: rows_p query rows (qh, Dp floats a
 // row, scaled), keys' K/V rows at k0/v0 + j * step bytes read by RowLoad<V, kKind>; updates the
 // rows' running maxima m, normalizers l and outputs ob.
+// Query row r of a block (r = t * g + gi <-> token t0 + t, query head hk * g + gi), scaled, into
+// dst[0..D); its position and group into *pos and *grp. Returns the position.
+inline int32_t query_row(const AttnParams& p, const KvView& kv, int t0, int r, int g, int hk,
+                         bool groups, float* dst, int32_t* pos, int32_t* grp) {
+    const int t = r / g, gi = r % g, H = p.n_head, D = p.head_dim;
+    const float* src = p.q + (size_t(t0 + t) * H + hk * g + gi) * D;
+    for (int d = 0; d < D; ++d) dst[d] = src[d] * kv.scale;
+    *pos = p.q_pos[t0 + t];
+    *grp = groups ? p.q_group[t0 + t] : 0;
+    return *pos;
+}
+
+// Positions and groups of the KT key slots of the tile at j0 (slots past nk are never visible).
+inline void key_slots(const AttnParams& p, bool groups, int j0, int nk, int KT, int32_t* kpos,
+                      int32_t* kgrp) {
+    for (int j = 0; j < KT; ++j) {
+        kpos[j] = j < nk ? p.k_pos[j0 + j] : INT32_MAX;
+        kgrp[j] = j < nk && groups ? p.k_group[j0 + j] : -1;
+    }
+}
+
 template <class V, int kKind>
 void few_head_tile(const float* qh, int rows_p, int Dp, const int32_t* rpos, const int32_t* rgrp,
                    const int32_t* kpos, const int32_t* kgrp, int32_t tmin, int32_t tmax,
@@ -414,12 +435,8 @@ void attention(const AttnParams& p, int n_threads) {
             for (int r = 0; r < rows_p; ++r) {
                 float* dst = qb.data() + size_t(r) * Dp;
                 if (r < rows) {
-                    const int t = r / g, gi = r % g;
-                    const float* src = p.q + (size_t(t0 + t) * H + hk * g + gi) * D;
-                    for (int d = 0; d < D; ++d) dst[d] = src[d] * kv.scale;
-                    rpos[r] = p.q_pos[t0 + t];
-                    rgrp[r] = groups ? p.q_group[t0 + t] : 0;
-                    max_qpos = std::max(max_qpos, rpos[r]);
+                    max_qpos = std::max(max_qpos, query_row(p, kv, t0, r, g, hk, groups, dst,
+                                                            &rpos[r], &rgrp[r]));
                 } else {
                     std::fill(dst, dst + D, 0.0f);
                     rpos[r] = INT32_MIN;
@@ -433,10 +450,7 @@ void attention(const AttnParams& p, int n_threads) {
             for (int ti = 0; ti < n_tiles; ++ti) {
                 if (tmin[ti] > max_qpos) continue;  // every key after every query of the block
                 const int j0 = ti * KT, nk = std::min(KT, n_kv - j0);
-                for (int j = 0; j < KT; ++j) {
-                    kpos[j] = j < nk ? p.k_pos[j0 + j] : INT32_MAX;
-                    kgrp[j] = j < nk && groups ? p.k_group[j0 + j] : -1;
-                }
+                key_slots(p, groups, j0, nk, KT, kpos, kgrp);
                 // K^T [D, KT] of the tile in fp32 (transposed from the cache rows, or from
                 // their widened copies); V [KT, Dp] in fp32 — read in place from an fp32 cache
                 // whose head width needs no padding, else widened into vt.
@@ -618,13 +632,9 @@ void attention_tiles(const AttnParams& p, int n_threads, const AmxTileOps& tiles
             std::fill(qb.begin(), qb.begin() + size_t(rows_t) * Dk, uint16_t(0));
             for (int r = 0; r < rows_t; ++r) {
                 if (r < rows) {
-                    const int t = r / g, gi = r % g;
-                    const float* src = p.q + (size_t(t0 + t) * H + hk * g + gi) * D;
-                    for (int d = 0; d < D; ++d) qrow[d] = src[d] * kv.scale;
+                    max_qpos = std::max(max_qpos, query_row(p, kv, t0, r, g, hk, groups,
+                                                            qrow.data(), &rpos[r], &rgrp[r]));
                     fp32_to_bf16_rows(qrow.data(), D, qb.data() + size_t(r) * Dk);
-                    rpos[r] = p.q_pos[t0 + t];
-                    rgrp[r] = groups ? p.q_group[t0 + t] : 0;
-                    max_qpos = std::max(max_qpos, rpos[r]);
                 } else {
                     rpos[r] = INT32_MIN;
                     rgrp[r] = 0;
@@ -637,10 +647,7 @@ void attention_tiles(const AttnParams& p, int n_threads, const AmxTileOps& tiles
             for (int ti = 0; ti < n_tiles; ++ti) {
                 if (tmin[ti] > max_qpos) continue;  // every key after every query of the block
                 const int j0 = ti * KT, nk = std::min(KT, n_kv - j0);
-                for (int j = 0; j < KT; ++j) {
-                    kpos[j] = j < nk ? p.k_pos[j0 + j] : INT32_MAX;
-                    kgrp[j] = j < nk && groups ? p.k_group[j0 + j] : -1;
-                }
+                key_slots(p, groups, j0, nk, KT, kpos, kgrp);
                 const uint16_t* kb = kpack.data() + (size_t(hk) * n_tiles + ti) * k_tile;
                 const float* vb = vpack.data() + (size_t(hk) * n_tiles + ti) * v_tile;
                 const bool plain = !groups && nk == KT;
