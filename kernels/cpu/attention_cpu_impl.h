@@ -182,6 +182,15 @@ inline int32_t query_row(const AttnParams& p, const KvView& kv, int t0, int r, i
     return *pos;
 }
 
+// A query block's online-softmax state before its first key tile: output rows 0, running maxima
+// -inf, running sums 0 (rows x Dp outputs).
+inline void reset_block_state(std::vector<float>& ob, std::vector<float>& m, std::vector<double>& l,
+                              int rows, int Dp) {
+    std::fill(ob.begin(), ob.begin() + size_t(rows) * Dp, 0.0f);
+    std::fill(m.begin(), m.begin() + rows, -INFINITY);
+    std::fill(l.begin(), l.begin() + rows, 0.0);
+}
+
 // Positions and groups of the KT key slots of the tile at j0 (slots past nk are never visible).
 inline void key_slots(const AttnParams& p, bool groups, int j0, int nk, int KT, int32_t* kpos,
                       int32_t* kgrp) {
@@ -443,9 +452,7 @@ void attention(const AttnParams& p, int n_threads) {
                     rgrp[r] = 0;
                 }
             }
-            std::fill(ob.begin(), ob.begin() + size_t(rows_p) * Dp, 0.0f);
-            std::fill(m.begin(), m.begin() + rows_p, -INFINITY);
-            std::fill(l.begin(), l.begin() + rows_p, 0.0);
+            reset_block_state(ob, m, l, rows_p, Dp);
 
             for (int ti = 0; ti < n_tiles; ++ti) {
                 if (tmin[ti] > max_qpos) continue;  // every key after every query of the block
@@ -640,9 +647,7 @@ void attention_tiles(const AttnParams& p, int n_threads, const AmxTileOps& tiles
                     rgrp[r] = 0;
                 }
             }
-            std::fill(ob.begin(), ob.begin() + size_t(rows_t) * Dp, 0.0f);
-            std::fill(m.begin(), m.begin() + rows_t, -INFINITY);
-            std::fill(l.begin(), l.begin() + rows_t, 0.0);
+            reset_block_state(ob, m, l, rows_t, Dp);
 
             for (int ti = 0; ti < n_tiles; ++ti) {
                 if (tmin[ti] > max_qpos) continue;  // every key after every query of the block
