@@ -264,6 +264,10 @@ def heldout_section(files):
                       f"{fmt_pair(vb, '%+.4f') if vb else '-'} | {ratio:.2f} | "
                       f"{'yes' if ok else 'no'} |")
     md.append("")
+    labels = {label for label, _ in files}
+    if not {"2K", "4K"} <= labels:
+        return md + [f"- No verdict: the rule needs the held-out runs at 2K and at 4K; given: "
+                     f"{', '.join(sorted(labels))}.", ""]
     for p, oks in verdict.items():
         md.append(f"- `{p}`: " + ("passes at every length" if all(oks) and len(oks) == len(files)
                                  else "does not pass at every length"))
@@ -283,6 +287,7 @@ def main():
     args = ap.parse_args()
     plt = None
     if args.plots:
+        os.makedirs(args.plots, exist_ok=True)
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: F811
