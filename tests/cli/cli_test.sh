@@ -328,6 +328,25 @@ PY
         n=$((n + 1))
     done
     [ "$n" -ge 7 ] || fail "expected at least 7 configs/quality-long-*.toml, found $n"
+    # The report of bench/results/quality-long-smollm2.md runs on those results: every section,
+    # the plots, and the held-out verdict (which needs both 2K and 4K).
+    q="$tmp/quality-long"
+    rep=(python3 bench/quality_long_report.py --plots "$tmp/plots" --prefix ql
+         --methods "2K=$q-methods-2k-smollm2.json" --ratio "$q-ratio-4k-smollm2.json"
+         --ranks "$q-ranks-4k-smollm2.json" --variants "2K=$q-dev-2k-smollm2.json")
+    "${rep[@]}" --heldout "2K=$q-methods-2k-smollm2.json" > "$tmp/report1.md" 2>&1 \
+        || { cat "$tmp/report1.md"; fail "quality_long_report.py"; }
+    grep -q "No verdict: the rule needs the held-out runs at 2K and at 4K" "$tmp/report1.md" \
+        || { cat "$tmp/report1.md"; fail "report: a verdict from 2K alone"; }
+    "${rep[@]}" --heldout "2K=$q-methods-2k-smollm2.json" --heldout "4K=$q-methods-4k-smollm2.json" \
+        > "$tmp/report2.md" 2>&1 || { cat "$tmp/report2.md"; fail "quality_long_report.py"; }
+    for s in "### 2K: methods at ratio 0.15" "### Held-out confirmation" \
+             "Development set, 2K" "\`scoring.layers=\[2, 3, 4, 5\]\`: \(passes\|does not pass\)"; do
+        grep -q "$s" "$tmp/report2.md" || { cat "$tmp/report2.md"; fail "report: no '$s'"; }
+    done
+    [ -s "$tmp/plots/ql-pareto-2K.png" ] && [ -s "$tmp/plots/ql-ratio.png" ] \
+        || { ls "$tmp/plots"; fail "report: plots"; }
+    echo "ok: quality_long_report.py on the 2-case results"
     ;;
 table5)
     export INFOFLOW_PROGRESS=0
