@@ -101,17 +101,19 @@ def breakdown(pts, cases, key, points, title):
 
 def pareto_plot(plt, pts, cases, title, path):
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    # The methods keep one colour in every plot; the InfoFlow variants take the colours that no
+    # method uses, in order, and a square marker.
+    fixed = {BASE: "tab:blue", CB: "tab:orange", EPIC: "tab:green", "method.name=none": "tab:gray"}
+    spare = iter(["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"] * 4)
     for p in pts:
         if p == "full":
             continue
         kl = bootstrap(values(pts, p, cases, "mean_kl"))
         ms = mean_of(pts, p, cases, "online_ms")
-        m, _ = method_of(p)
-        ax.errorbar([ms], [kl[1]], yerr=[[kl[1] - kl[2]], [kl[3] - kl[1]]], marker="o",
-                    capsize=3, label=p if len(p) < 48 else p[:45] + "...",
-                    color={"infoflow": None, "cacheblend": "tab:orange", "epic": "tab:green",
-                           "none": "tab:gray"}.get(m) if p in (BASE, CB, EPIC,
-                                                               "method.name=none") else None)
+        ax.errorbar([ms], [kl[1]], yerr=[[kl[1] - kl[2]], [kl[3] - kl[1]]],
+                    marker="o" if p in fixed else "s", capsize=3,
+                    label=p if len(p) < 48 else p[:45] + "...",
+                    color=fixed[p] if p in fixed else next(spare))
     full_ms = mean_of(pts, "full", cases, "online_ms")
     ax.axvline(full_ms, color="gray", ls="--", lw=1, label="full prefill")
     ax.set_xlabel("online ms (scoring + recompute + suffix prefill)")
