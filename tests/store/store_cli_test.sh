@@ -36,8 +36,8 @@ $py -c "import h5py" 2>/dev/null || fail "python3-h5py is not installed (run lau
 
 build() {  # build STORE DTYPE [extra --set ...]
     local store="$1" dtype="$2"; shift 2
-    "$bin" --config configs/cache-build-demo.toml --set model.threads="${INFOFLOW_STORE_TEST_THREADS:-2}" \
-        --set store.path="$store" \
+    "$bin" --config configs/cache-build-demo.toml \
+        --set model.threads="${INFOFLOW_STORE_TEST_THREADS:-2}" --set store.path="$store" \
         --set model.weights="${INFOFLOW_STORE_TEST_WEIGHTS:-native}" \
         --set store.dtype="$dtype" "$@" > "$tmp/build.txt" 2>&1 \
         || { cat "$tmp/build.txt"; fail "cache-build exited non-zero"; }
@@ -45,8 +45,8 @@ build() {  # build STORE DTYPE [extra --set ...]
 }
 ask() {  # ask OUT.json [extra --set ...]
     local out="$1"; shift
-    "$bin" --config configs/store-demo.toml --set model.threads="${INFOFLOW_STORE_TEST_THREADS:-2}" \
-        --set decode.max_new_tokens=12 \
+    "$bin" --config configs/store-demo.toml \
+        --set model.threads="${INFOFLOW_STORE_TEST_THREADS:-2}" --set decode.max_new_tokens=12 \
         --set model.weights="${INFOFLOW_STORE_TEST_WEIGHTS:-native}" \
         --out "$out" "$@" > "$tmp/ask.txt" 2>&1 || { cat "$tmp/ask.txt"; fail "answer exited non-zero"; }
     cat "$tmp/ask.txt"
