@@ -360,7 +360,7 @@ std::vector<ConfigKeyInfo> config_key_info();
 
 // Scoring layers for a model of `n_layer` layers (docs/design.md §3.3): `layers` when non-empty
 // (each must be < n_layer, else an error naming scoring.layers); otherwise the measured set of a
-// measured depth ([17, 18, 19, 20] for 30 layers, SmolLM2-135M), [22, 23, 24, 25] for other
+// measured depth ([2, 3, 4, 5] for 30 layers, SmolLM2-135M), [22, 23, 24, 25] for other
 // depths >= 26, else the four layers ending at round(0.8 * n_layer), clamped to the model.
 std::vector<int> resolve_scoring_layers(const std::vector<int>& layers, int n_layer);
 

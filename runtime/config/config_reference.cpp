@@ -136,8 +136,8 @@ const std::map<std::string, std::string>& descriptions() {
          "key and row positions of the scoring pass only (docs/design.md §3.3); recompute and "
          "generation always use global positions"},
         {"scoring.layers",
-         "scoring layers; `[]` = the measured default of the model's depth: `[17, 18, 19, 20]` "
-         "for 30 layers (SmolLM2-135M, docs/quality.md), `[22, 23, 24, 25]` for other depths "
+         "scoring layers; `[]` = the measured default of the model's depth: `[2, 3, 4, 5]` for "
+         "30 layers (SmolLM2-135M, long contexts: docs/quality.md), `[22, 23, 24, 25]` for other depths "
          ">= 26 (the paper's 32-layer choice), else the four ending at round(0.8·L)"},
         {"scoring.softmax",
          "on P ranks: `global` merges the attention normalizer across ranks (exact); `local` "

@@ -743,7 +743,7 @@ TEST_CASE("to_json round trip and hash", "[cpu][config]") {
 }
 
 TEST_CASE("scoring layers follow the model rule", "[cpu][config]") {
-    CHECK(resolve_scoring_layers({}, 30) == std::vector<int>{17, 18, 19, 20});  // measured
+    CHECK(resolve_scoring_layers({}, 30) == std::vector<int>{2, 3, 4, 5});  // measured
     CHECK(resolve_scoring_layers({}, 31) == std::vector<int>{22, 23, 24, 25});
     CHECK(resolve_scoring_layers({}, 32) == std::vector<int>{22, 23, 24, 25});
     CHECK(resolve_scoring_layers({}, 26) == std::vector<int>{22, 23, 24, 25});
