@@ -45,7 +45,7 @@ from serve_harness import (ROOT, Fail, Server, check, run_answer, sse_events)  #
 CONFIG = os.path.join(ROOT, "configs", "serve.toml")
 MARROWBY = [open(os.path.join(ROOT, "configs", "data", "marrowby", f"0{i}.txt")).read().strip()
             for i in range(1, 5)]
-QUESTION = "Which architect designed the Corn Exchange in Marrowby?"
+QUESTION = "What is the name of the architect who designed the Corn Exchange?"
 
 
 def common_sets(np):
