@@ -137,8 +137,9 @@ const std::map<std::string, std::string>& descriptions() {
          "generation always use global positions"},
         {"scoring.layers",
          "scoring layers; `[]` = the measured default of the model's depth: `[2, 3, 4, 5]` for "
-         "30 layers (SmolLM2-135M, long contexts: docs/quality.md), `[22, 23, 24, 25]` for other depths "
-         ">= 26 (the paper's 32-layer choice), else the four ending at round(0.8·L)"},
+         "30 layers (SmolLM2-135M, long contexts: docs/quality.md), `[22, 23, 24, 25]` for "
+         "other depths >= 26 (the paper's 32-layer choice), else the four ending at "
+         "round(0.8·L)"},
         {"scoring.softmax",
          "on P ranks: `global` merges the attention normalizer across ranks (exact); `local` "
          "scores each shard against its own keys only (the authors' approximation)"},
