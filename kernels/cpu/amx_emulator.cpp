@@ -1,8 +1,11 @@
 // The software emulator of the AMX tile layer (kernels/cpu/amx_tiles.h), plus the choice between
-// it and the CPU's tiles. Plain C++ for any CPU: it is how the AMX kernels run and are tested on
-// machines without AMX (INFOFLOW_AMX_EMULATE=1, a test hook), not a fast path. Each thread has its
-// own 8 tiles and configuration, as on the CPU; the shape checks are those under which the
-// instructions raise #UD, reported as infoflow::Error.
+// it and the CPU's tiles: how the AMX kernels run and are tested on machines without AMX
+// (INFOFLOW_AMX_EMULATE=1, a test hook), not a fast path. Each thread has its own 8 tiles and
+// configuration, as on the CPU; the shape checks are those under which the instructions raise
+// #UD, reported as infoflow::Error. TDPBF16PS is the plain loop below on any CPU, and its AVX-512
+// version (amx_emulator_avx512.cpp, the same bits, ~10x faster) where the CPU has AVX-512.
+#include "kernels/cpu/amx_emulator.h"
+
 #include <cmath>
 #include <cstring>
 
@@ -87,11 +90,25 @@ void emu_dpbf16ps(int c, int a, int b) {
              "amx emulator: tdpbf16ps shapes c "
                  << M << "x" << s.shape.colsb[c] << ", a " << s.shape.rows[a] << "x"
                  << s.shape.colsb[a] << ", b " << s.shape.rows[b] << "x" << s.shape.colsb[b]);
+    if (cpu_has_avx512()) {
+        amx_emulated_dpbf16ps_avx512(s.data[c], s.data[a], s.data[b], M, N, pairs);
+    } else {
+        amx_emulated_dpbf16ps_plain(s.data[c], s.data[a], s.data[b], M, N, pairs);
+    }
+    // Bytes of each row past colsb are zeroed (write_row_and_zero).
+    for (int m = 0; m < M; ++m)
+        std::memset(s.data[c][m] + sizeof(float) * N, 0, kAmxTileBytes - sizeof(float) * N);
+}
+
+}  // namespace
+
+void amx_emulated_dpbf16ps_plain(uint8_t (*c)[kAmxTileBytes], const uint8_t (*a)[kAmxTileBytes],
+                                 const uint8_t (*b)[kAmxTileBytes], int M, int N, int pairs) {
     // b widened once: the even and odd elements of each pair, denormals read as zero.
     float b0[kAmxTileRows][kAmxTileBytes / 4], b1[kAmxTileRows][kAmxTileBytes / 4];
     for (int p = 0; p < pairs; ++p) {
         uint16_t brow[kAmxTileBytes / 2];
-        std::memcpy(brow, s.data[b][p], sizeof(uint16_t) * 2 * N);
+        std::memcpy(brow, b[p], sizeof(uint16_t) * 2 * N);
         for (int n = 0; n < N; ++n) {
             b0[p][n] = bf16_daz(brow[2 * n]);
             b1[p][n] = bf16_daz(brow[2 * n + 1]);
@@ -99,26 +116,21 @@ void emu_dpbf16ps(int c, int a, int b) {
     }
     for (int m = 0; m < M; ++m) {
         float acc[kAmxTileBytes / 4];
-        std::memcpy(acc, s.data[c][m], sizeof(float) * N);
+        std::memcpy(acc, c[m], sizeof(float) * N);
         uint16_t arow[kAmxTileBytes / 2];
-        std::memcpy(arow, s.data[a][m], sizeof(uint16_t) * 2 * pairs);
+        std::memcpy(arow, a[m], sizeof(uint16_t) * 2 * pairs);
         for (int p = 0; p < pairs; ++p) {
             const float a0 = bf16_daz(arow[2 * p]), a1 = bf16_daz(arow[2 * p + 1]);
             // Each product of two bf16 values is exact in fp32, so each FMA rounds once: the
             // accumulation's round to nearest even. The lanes are independent (n).
-#pragma omp simd
             for (int n = 0; n < N; ++n) {
                 const float t = ftz(std::fma(a0, b0[p][n], acc[n]));
                 acc[n] = ftz(std::fma(a1, b1[p][n], t));
             }
         }
-        std::memcpy(s.data[c][m], acc, sizeof(float) * N);
-        // Bytes of the row past colsb are zeroed (write_row_and_zero).
-        std::memset(s.data[c][m] + sizeof(float) * N, 0, kAmxTileBytes - sizeof(float) * N);
+        std::memcpy(c[m], acc, sizeof(float) * N);
     }
 }
-
-}  // namespace
 
 int amx_dp_index(int c, int a, int b) {
     IF_CHECK(c >= 0 && c < 4 && a >= 4 && a < kAmxTiles && b >= 4 && b < kAmxTiles && a != b,

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/amx_emulator.h"
 #include "kernels/cpu/amx_tiles.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/gemm_amx.h"
@@ -125,6 +126,65 @@ TEST_CASE("amx emulator: full tiles follow the VNNI pair layout", "[amx][emulato
             for (int k = 0; k < 32; ++k) want += A[m * 32 + k] * B[k * 16 + n];
             INFO("m=" << m << " n=" << n);
             CHECK(c[m * 16 + n] == want);
+        }
+    }
+}
+
+TEST_CASE("amx emulator: the AVX-512 tdpbf16ps gives the plain loop's bits", "[amx][emulator]") {
+    REQUIRE(cpu_has_avx512());  // tests_amx runs where the amx path can (AVX-512)
+    // Bit patterns drawn to reach every case of the definition: normal values of mixed scales
+    // (cancellations and rounding ties), bf16 denormals, zeros of both signs, infinities, and
+    // products near the bottom of the normal range (denormal sums, flushed with their sign);
+    // every tile shape the kernels can configure (rows, columns and pairs 1..16).
+    std::mt19937 rng(29);
+    auto pick = [&rng]() -> uint16_t {
+        switch (rng() % 8) {
+            case 0:
+                return uint16_t(rng() & 0x807F);  // denormal or zero
+            case 1:  // 2^-77 .. 2^-58: products in and near the denormal range
+                return uint16_t((rng() & 0x8000) | ((50 + rng() % 20) << 7) | (rng() & 0x7F));
+            case 2:
+                return uint16_t(rng() % 64 == 0 ? 0x7F80 | (rng() & 0x8000) : 0x3F80);
+            default:
+                return fp32_to_bf16(std::ldexp(float(int(rng() % 255) - 127), -int(rng() % 8)));
+        }
+    };
+    alignas(64) uint8_t a[kAmxTileRows][kAmxTileBytes], b[kAmxTileRows][kAmxTileBytes];
+    alignas(64) uint8_t c1[kAmxTileRows][kAmxTileBytes], c2[kAmxTileRows][kAmxTileBytes];
+    for (int trial = 0; trial < 400; ++trial) {
+        const int m = 1 + int(rng() % 16), n = 1 + int(rng() % 16), pairs = 1 + int(rng() % 16);
+        for (auto* t : {&a, &b}) {
+            for (auto& row : *t) {
+                for (int i = 0; i < kAmxTileBytes / 2; ++i) {
+                    const uint16_t h = pick();
+                    std::memcpy(row + 2 * i, &h, 2);
+                }
+            }
+        }
+        for (int r = 0; r < kAmxTileRows; ++r) {
+            for (int i = 0; i < kAmxTileBytes / 4; ++i) {
+                const float v = trial % 3 == 0
+                                    ? 0.0f
+                                    : std::ldexp(float(int(rng() % 64) - 32), -int(rng() % 130));
+                std::memcpy(c1[r] + 4 * i, &v, 4);
+            }
+        }
+        std::memcpy(c2, c1, sizeof(c1));
+        amx_emulated_dpbf16ps_plain(c1, a, b, m, n, pairs);
+        amx_emulated_dpbf16ps_avx512(c2, a, b, m, n, pairs);
+        INFO("trial " << trial << ": m=" << m << " n=" << n << " pairs=" << pairs);
+        // NaN results (inf - inf) compare by class: their payloads may differ.
+        for (int r = 0; r < m; ++r) {
+            for (int i = 0; i < n; ++i) {
+                float x, y;
+                std::memcpy(&x, c1[r] + 4 * i, 4);
+                std::memcpy(&y, c2[r] + 4 * i, 4);
+                if (std::isnan(x) || std::isnan(y)) {
+                    CHECK((std::isnan(x) && std::isnan(y)));
+                } else {
+                    CHECK(bits(x) == bits(y));
+                }
+            }
         }
     }
 }
