@@ -2,10 +2,13 @@
 # This engine against llama.cpp on the same CPU, in one job, measured interleaved (ours, peer,
 # ours, peer, ... for every cell) so that both see the same machine load:
 #   - decode: `--gen` tokens after `--ctx` context tokens on the shipped Q4_1 file
-#     (ours: build/bench_prefill --decode; peer: llama-bench -p 0 -n GEN -d CTX);
+#     (ours: build/bench_prefill --decode; peer: llama-bench -p 0 -n GEN -d CTX, flash attention
+#     on and off);
 #   - prefill at each of `--lengths` (ours: bench_prefill, native weights; peer: llama-bench
-#     -p N -n 0 on an F16 copy of the file with flash attention, its fastest CPU prefill, and on
-#     the Q4_1 file with flash attention).
+#     -p N -n 0 on an F16 copy of the file and on the Q4_1 file, each with flash attention on and
+#     off: which is fastest depends on the CPU and the length, e.g. off wins at 2-4K tokens on an
+#     AMX Xeon).
+# Every ratio is against the peer's fastest variant for the cell, which the table names.
 # The peer is built by bench/build_llama_cpp.sh (vendored llama.cpp of llama-cpp-python's source
 # distribution; nothing of it is committed). Prints a table (median and min..max over the
 # rounds, ratio ours / peer) and one JSON line per cell; --out also writes them to a file.
@@ -69,7 +72,6 @@ IFS=, read -r -a nlist <<< "$lengths"
 # Both run with their default thread wait policy: OMP_WAIT_POLICY=passive (launch/mpirun.sh's
 # default for oversubscribed ranks) halves either engine's 2-thread decode, llama.cpp's included.
 unset OMP_WAIT_POLICY
-source "$repo/launch/blas_env.sh"  # OpenBLAS kernels from the CPU flags (prefill)
 # One record per measurement: kind n threads who variant tokens_per_s
 for ((r = 1; r <= rounds; r++)); do
     for t in "${tlist[@]}"; do
@@ -79,12 +81,14 @@ for ((r = 1; r <= rounds; r++)); do
 for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["tokens_per_s"])')
             echo "decode $ctx $t ours native $v" >> "$raw"
-            v=$("$peer/llama-bench" -m "$model" -p 0 -n "$gen" -d "$ctx" -t "$t" -r 1 -o jsonl \
-                -ctk f16 -ctv f16 \
-                2>/dev/null | python3 -c 'import sys,json
+            for fa in 1 0; do
+                v=$("$peer/llama-bench" -m "$model" -p 0 -n "$gen" -d "$ctx" -fa "$fa" -t "$t" \
+                    -r 1 -o jsonl -ctk f16 -ctv f16 \
+                    2>/dev/null | python3 -c 'import sys,json
 for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["avg_ts"])')
-            echo "decode $ctx $t llama.cpp q4_1 $v" >> "$raw"
+                echo "decode $ctx $t llama.cpp q4_1_fa$fa $v" >> "$raw"
+            done
             echo "[round $r] decode t=$t done" >&2
         fi
         if [[ $do_prefill == 1 ]]; then
@@ -94,15 +98,15 @@ for l in sys.stdin:
 for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["tokens_per_s"])')
                 echo "prefill $n $t ours native $v" >> "$raw"
-                for variant in f16 q4_1; do
+                for variant in f16_fa1 f16_fa0 q4_1_fa1 q4_1_fa0; do
                     m=$model
-                    [[ $variant == f16 ]] && m=$f16
-                    v=$("$peer/llama-bench" -m "$m" -p "$n" -n 0 -fa 1 -t "$t" -r 1 -o jsonl \
-                        -ctk f16 -ctv f16 \
+                    [[ $variant == f16_* ]] && m=$f16
+                    v=$("$peer/llama-bench" -m "$m" -p "$n" -n 0 -fa "${variant##*_fa}" -t "$t" \
+                        -r 1 -o jsonl -ctk f16 -ctv f16 \
                         2>/dev/null | python3 -c 'import sys,json
 for l in sys.stdin:
     if l.startswith("{"): print(json.loads(l)["avg_ts"])')
-                    echo "prefill $n $t llama.cpp ${variant}_fa $v" >> "$raw"
+                    echo "prefill $n $t llama.cpp $variant $v" >> "$raw"
                 done
                 echo "[round $r] prefill n=$n t=$t done" >&2
             done
@@ -129,6 +133,7 @@ for line in open(raw):
 print(f"CPU: {cpu} ({flags}); {rounds} interleaved rounds; KV cache: ours {kv}, llama.cpp f16; "
       "tokens/s median [min..max]")
 print(f"{'kind':8} {'tokens':>6} {'thr':>3} {'ours native':>22} {'llama.cpp':>22} {'variant':>9} {'ratio':>6}")
+print("(variant: the peer's weights and flash attention, fa1 on, fa0 off)")
 lines = []
 keys = sorted({(k, n, t) for (k, n, t, _, _) in cells})
 for kind, n, t in keys:

@@ -4,8 +4,8 @@
 # nothing installable there, no MPI, no network).
 #
 #   bench/gpu_check.sh --pack [DIR]      here: build for the device machine into build-gpu/
-#                                        (CUDA arch 90, no MPI, no HDF5, cudart and OpenBLAS
-#                                        static), pack the binaries, the shared libraries they
+#                                        (CUDA arch 90, no MPI, no HDF5, cudart static),
+#                                        pack the binaries, the shared libraries they
 #                                        need that the device may lack (not cuBLAS/NCCL: the
 #                                        device has them), the model file when it fits, and the
 #                                        list of GPU tests into DIR (default out/gpu-pack,
@@ -71,9 +71,9 @@ do_pack() {
     if command -v ccache > /dev/null; then
         launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     fi
-    echo "== configure $build (CUDA arch 90, no MPI, no HDF5, static cudart and OpenBLAS)"
+    echo "== configure $build (CUDA arch 90, no MPI, no HDF5, static cudart)"
     cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-        -DINFOFLOW_ENABLE_MPI=OFF -DINFOFLOW_ENABLE_HDF5=OFF -DBLA_STATIC=ON \
+        -DINFOFLOW_ENABLE_MPI=OFF -DINFOFLOW_ENABLE_HDF5=OFF \
         -DINFOFLOW_MODEL_PATH:STRING="models/$model_name" "${launcher[@]}" \
         > "$build.configure.log" 2>&1 || { cat "$build.configure.log" >&2; die "configure failed"; }
     sed -n '/infoflow_sp configuration/,/model for tests/p' "$build.configure.log"
@@ -106,7 +106,7 @@ do_pack() {
     local model="$root/models/$model_name" model_note
     {
         echo "built $(date -u +%FT%TZ) from $(git -C "$root" rev-parse --short HEAD 2> /dev/null)"
-        echo "configure: CUDA arch 90, INFOFLOW_ENABLE_MPI=OFF, INFOFLOW_ENABLE_HDF5=OFF, BLA_STATIC=ON"
+        echo "configure: CUDA arch 90, INFOFLOW_ENABLE_MPI=OFF, INFOFLOW_ENABLE_HDF5=OFF"
         echo "binaries: ${targets[*]}"
         echo "libraries: $(ls "$stage/pack/lib" | tr '\n' ' ')"
     } > "$stage/pack/build-info.txt"

@@ -10,8 +10,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Idle ranks yield the core instead of spinning (ranks may outnumber cores here).
 export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
-# OpenBLAS kernels chosen from the CPU flags where its own detection would fall back to SSE3.
-source "$(dirname "$0")/blas_env.sh"
 # In the background so that this script's traps run while mpirun is alive; stdin stays the
 # caller's (a background job would otherwise read /dev/null).
 mpirun --oversubscribe --bind-to none "$@" <&0 &

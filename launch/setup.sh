@@ -9,7 +9,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 packages=(cmake g++ make pkg-config python3 python3-pip unzip
-          openmpi-bin libopenmpi-dev libopenblas-dev catch2 libhdf5-dev hdf5-tools
+          openmpi-bin libopenmpi-dev catch2 libhdf5-dev hdf5-tools
           nlohmann-json3-dev libtomlplusplus-dev libpcre2-dev libutf8proc-dev
           python3-jsonschema slurm-wlm munge python3-h5py iproute2
           clang-14 libclang-rt-14-dev libomp-14-dev libcpp-httplib-dev curl)

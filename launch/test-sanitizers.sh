@@ -55,7 +55,6 @@ export LSAN_OPTIONS="suppressions=$root/tests/fuzz/lsan_openmpi.supp:print_suppr
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-source "$root/launch/blas_env.sh"
 keep_dso="$build/libkeep_dso.so"
 "$cc" -shared -fPIC -O1 -o "$keep_dso" "$root/tests/sanitizers/keep_dso.c"
 mpi_run() {  # mpi_run N EXE ARGS...: EXE on N ranks under the sanitizers

@@ -1,7 +1,8 @@
 // The CPU backend: the reference implementation of every op (plain, readable loops where they
-// are not hot) and a fast path where they are (GEMM through single-threaded OpenBLAS calls
-// split over OpenMP threads; attention as a blocked online softmax over key blocks).
-#include <cblas.h>
+// are not hot) and a fast path where they are: every matrix product on the project's own kernels
+// (kernels/cpu/gemm_exact.h, gemm_amx.h, quant_dot.h, picked per pass and ISA path by
+// native_matmul), attention as a blocked online softmax over key blocks (attention_cpu.h). No
+// BLAS library: its kernel choice would depend on whether it knows the CPU model.
 #include <omp.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/cpu_math.h"
+#include "kernels/cpu/gemm_exact.h"
 #include "kernels/cpu/native_matmul.h"
 #include "kernels/random_init.h"
 #include "runtime/core/error.h"
@@ -46,9 +48,6 @@ class CpuBackend final : public Backend {
 
     void set_threads(int n_threads) override {
         n_threads_ = n_threads > 0 ? n_threads : omp_get_max_threads();
-        // BLAS runs single-threaded inside our OpenMP regions: two thread pools spinning on
-        // two cores would fight each other.
-        openblas_set_num_threads(1);
         omp_set_num_threads(n_threads_);
     }
 
@@ -111,44 +110,15 @@ class CpuBackend final : public Backend {
         }
     }
 
+    // fp32 weights take the products stored-type weights take (kernels/cpu/native_matmul.h): the
+    // exact pass, or the bf16 tiles on cpu.isa = amx. The model passes fp32 matrices through
+    // matmul_native itself, with the pass it is in (decode steps take the fused dots); this entry
+    // point is the exact pass.
     void matmul(const float* x, const float* w, const float* bias, int n, int k, int m, float* out,
                 bool accumulate) override {
         if (n == 0 || m == 0) return;
-        const float beta = accumulate ? 1.0f : 0.0f;
-        // Each thread runs one single-threaded BLAS call on its slice: rows of x when there are
-        // enough of them (every call keeps the whole, wide weight matrix: the efficient shape),
-        // else columns of the output (decode, small batches).
-        const bool split_rows = n >= 64 * n_threads_ && m >= 256;
-        const int n_slices =
-            split_rows ? n_threads_ : std::max(1, std::min(n_threads_, (m + 63) / 64));
-#pragma omp parallel for schedule(static) num_threads(n_slices)
-        for (int s = 0; s < n_slices; ++s) {
-            int r0 = 0, r1 = n, m0 = 0, m1 = m;
-            if (split_rows) {
-                r0 = int(int64_t(n) * s / n_slices);
-                r1 = int(int64_t(n) * (s + 1) / n_slices);
-            } else {
-                const int per = ((m + n_slices - 1) / n_slices + 15) / 16 * 16;
-                m0 = std::min(m, s * per);
-                m1 = std::min(m, m0 + per);
-            }
-            if (r0 >= r1 || m0 >= m1) continue;
-            const float* xs = x + size_t(r0) * k;
-            float* os = out + size_t(r0) * m;
-            if (r1 - r0 == 1) {
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, m1 - m0, k, 1.0f, w + size_t(m0) * k, k,
-                            xs, 1, beta, os + m0, 1);
-            } else {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, m1 - m0, k, 1.0f, xs,
-                            k, w + size_t(m0) * k, k, beta, os + m0, m);
-            }
-            if (bias) {
-                for (int i = r0; i < r1; ++i) {
-                    float* o = out + size_t(i) * m;
-                    for (int j = m0; j < m1; ++j) o[j] += bias[j];
-                }
-            }
-        }
+        cpu::native_matmul(x, cpu::f32_matrix(w, m, k, NativePass::exact), bias, n, out,
+                           accumulate, n_threads_);
     }
 
     // 30 per thread with AVX-512 (two 16-lane FMA ports at ~2.5 GHz, about 40 % of peak, as the
@@ -266,6 +236,21 @@ class CpuBackend final : public Backend {
 // The tiled kernel of kernels/cpu/attention_cpu.h, on the ISA path picked at run time.
 void CpuBackend::attention(const AttnParams& p) { cpu::attention(p, n_threads_); }
 
+// Rows of K (one kv head, `stride` floats apart) as the weight rows of gemm_exact: the scores
+// Q·Kᵀ of a column block in the exact pass's fixed order.
+class KeyRows : public cpu::GemmRows {
+  public:
+    KeyRows(const float* k, size_t stride) : k_(k), stride_(stride) {}
+    const float* fetch(int j0, int, int c0, int, float*, int64_t* ld) const override {
+        *ld = int64_t(stride_);
+        return k_ + size_t(j0) * stride_ + c0;
+    }
+
+  private:
+    const float* k_;
+    size_t stride_;
+};
+
 // Column scores. A task is a block of columns (so no two threads write the same col[j]); inside,
 // query blocks and kv heads are visited, P is rebuilt from the given lse, and the head-mean
 // A[i, j] is accumulated before it is squared (norm) or summed (sum).
@@ -320,8 +305,8 @@ void CpuBackend::attention_scores(const ScoreParams& p) {
                             for (int d = 0; d < D; ++d) dst[d] = src[d] * scale;
                         }
                     }
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nk, D, 1.0f,
-                                qb.data(), D, kblock + size_t(hk) * D, stride, 0.0f, s.data(), nk);
+                    cpu::gemm_exact(qb.data(), rows, D, nk, KeyRows(kblock + size_t(hk) * D, stride),
+                                    nullptr, s.data(), false, 1);
                     for (int t = 0; t < nt; ++t) {
                         const int32_t qp = p.q_pos[t0 + t];
                         const int32_t qg = p.q_group ? p.q_group[t0 + t] : 0;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "runtime/core/error.h"
 
@@ -17,6 +18,22 @@ namespace {
 
 // -1: not chosen yet; otherwise a CpuIsa value.
 std::atomic<int> g_isa{-1};
+
+// The test hook INFOFLOW_CPU_CEILING ("avx2" or "avx512"): the highest path the CPU is taken to
+// have; unset: the CPU's own. Read once.
+int ceiling() {
+    static const int c = [] {
+        const char* env = std::getenv("INFOFLOW_CPU_CEILING");
+        if (!env || !*env) return int(CpuIsa::amx);
+        if (std::strcmp(env, "avx2") == 0) return int(CpuIsa::avx2);
+        if (std::strcmp(env, "avx512") == 0) return int(CpuIsa::avx512);
+        throw Error(
+            std::string("INFOFLOW_CPU_CEILING = \"") + env +
+            "\": expected \"avx2\" or \"avx512\" (a test hook: the CPU is taken to have no path "
+            "above it)");
+    }();
+    return c;
+}
 
 // Linux: ask for the AMX tile data state (XFEATURE_XTILEDATA) for this process; without the
 // grant the first tile instruction faults (SIGILL). Numbers from the kernel's uapi
@@ -33,6 +50,9 @@ uint64_t read_xcr0() {
 
 // "" when AMX is usable, else the first requirement that fails, in the order the checks run.
 std::string probe_amx() {
+    if (ceiling() < int(CpuIsa::amx))
+        return std::string("hidden by the test hook INFOFLOW_CPU_CEILING=") +
+               cpu_isa_name(CpuIsa(ceiling()));
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return "cpu lacks cpuid leaf 7";
     if (!(d & (1u << 24))) return "cpu lacks amx_tile";
@@ -84,9 +104,10 @@ CpuIsa parse_isa(const std::string& name, const char* where) {
 }  // namespace
 
 bool cpu_has_avx512() {
-    static const bool has =
-        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    static const bool has = ceiling() >= int(CpuIsa::avx512) && __builtin_cpu_supports("avx512f") &&
+                            __builtin_cpu_supports("avx512bw") &&
+                            __builtin_cpu_supports("avx512vl") &&
+                            __builtin_cpu_supports("avx512dq");
     return has;
 }
 
@@ -154,6 +175,35 @@ std::string cpu_isa_summary() {
         if (!extra.empty()) s += " (" + extra + ")";
     }
     return s;
+}
+
+std::vector<CpuIsa> cpu_paths_runnable() {
+    std::vector<CpuIsa> paths{CpuIsa::avx2};
+    if (cpu_has_avx512()) paths.push_back(CpuIsa::avx512);
+    if (cpu_has_avx512() && (cpu_has_amx() || amx_emulated())) paths.push_back(CpuIsa::amx);
+    return paths;
+}
+
+void cpu_check_expected_path() {
+    const char* env = std::getenv("INFOFLOW_EXPECT_ISA");
+    if (!env || !*env) return;
+    const char* used = cpu_isa_name(active_cpu_isa());
+    if (std::strcmp(env, used) != 0)
+        throw Error(std::string("test hook INFOFLOW_EXPECT_ISA=") + env + ": this run used the " +
+                    used + " path");
+}
+
+std::string cpu_products_summary() {
+    const CpuIsa isa = active_cpu_isa();
+    const char* name = cpu_isa_name(isa);
+    std::string s;
+    if (isa == CpuIsa::amx) {
+        s = amx_emulated() ? "bf16 tiles (emulated)" : "bf16 tiles (amx)";
+        name = "avx512";
+    } else {
+        s = std::string("exact pass (") + name + " fma)";
+    }
+    return s + ", decode steps fused dots (" + name + "); no BLAS library";
 }
 
 }  // namespace infoflow::cpu

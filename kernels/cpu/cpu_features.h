@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace infoflow::cpu {
 
@@ -25,6 +26,11 @@ bool cpu_has_avx512_vnni();
 // XTILEDATA), plus AVX-512. When false, cpu_amx_missing() says which of these failed.
 bool cpu_has_amx();
 std::string cpu_amx_missing();  // "" when cpu_has_amx(); else e.g. "cpu lacks amx_tile"
+
+// Test hook INFOFLOW_CPU_CEILING = "avx2" | "avx512" (never set by default): the CPU is taken to
+// have no path above it, as a CPU without AVX-512 (or without AMX) reports, so one machine can
+// run the suite as those would: cpu_has_avx512() and cpu_has_amx() answer accordingly (the
+// latter's reason names the hook), "auto" picks at most that path and asking for more is refused.
 
 // The tiles run by the software emulator instead of the CPU (kernels/cpu/amx_tiles.h): a test
 // hook, set by the environment variable INFOFLOW_AMX_EMULATE=1 and never by default. With it,
@@ -48,8 +54,22 @@ void set_cpu_isa_override(const std::string& name);
 
 const char* cpu_isa_name(CpuIsa isa);
 
+// The paths this process can run, in order: avx2, then avx512 where cpu_has_avx512(), then amx
+// where AMX is usable or emulated (amx_emulated()) on an AVX-512 CPU.
+std::vector<CpuIsa> cpu_paths_runnable();
+
+// Test hook INFOFLOW_EXPECT_ISA = a path name: throws infoflow::Error naming both when the path in
+// use is another one (a test variant that silently ran another path fails). Unset: nothing.
+void cpu_check_expected_path();
+
 // The line printed in the run summary: "avx2", "avx512 (bf16, vnni; no amx: cpu lacks
 // amx_tile)", "amx (bf16, vnni, tiles)" or "amx (bf16, vnni, emulated tiles: test hook)".
 std::string cpu_isa_summary();
+
+// Which kernels carry the matrix products on this path, for the run summary and the result's
+// provenance (docs/design.md §6, "Numerics per CPU path"): "exact pass (avx512 fma), decode steps
+// fused dots (avx512); no BLAS library", or "bf16 tiles (amx), ...". Every product is the
+// project's own code: no BLAS library whose kernel choice depends on the CPU model.
+std::string cpu_products_summary();
 
 }  // namespace infoflow::cpu

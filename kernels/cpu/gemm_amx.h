@@ -19,9 +19,6 @@
 
 namespace infoflow::cpu {
 
-// Rows per call from which the backend takes this path on cpu.isa = amx (fewer: gemm_exact).
-constexpr int kAmxMinRows = 16;
-
 // out (+)= x W^T (+ bias) as defined above; W is [m, k], supplied by `w`.
 void gemm_amx(const float* x /*[n, k]*/, int n, int k, int m, const GemmRows& w,
               const float* bias /*[m] or nullptr*/, float* out /*[n, m]*/, bool accumulate,

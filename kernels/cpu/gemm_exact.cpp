@@ -36,20 +36,47 @@ inline void epilogue(float* o, float s, const float* bias, int j, bool accumulat
     *o = (accumulate ? *o : 0.0f) + s + (bias ? bias[j] : 0.0f);
 }
 
-// x[t0 .. t0 + nt) as blocks of 32 tokens, each [k, 32] (lanes beyond nt zero).
+// r[i] = row i of an 8 x 8 block -> r[j] = column j.
+inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+        u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int j = 0; j < 4; ++j) {
+        r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+        r[j + 4] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+    }
+}
+
+// x[t0 .. t0 + nt) as blocks of 32 tokens, each [k, 32] (lanes beyond nt zero): 8 x 8 blocks
+// transposed in registers, the edges element by element (a copy: no arithmetic).
 void transpose_tokens(const float* x, int t0, int nt, int k, float* xt, int n_threads) {
     const int n_blocks = (nt + kGemmTokens - 1) / kGemmTokens;
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1 && n_blocks > 1)
     for (int b = 0; b < n_blocks; ++b) {
         float* blk = xt + size_t(b) * k * kGemmTokens;
         const int tb = t0 + b * kGemmTokens, cnt = std::min(kGemmTokens, t0 + nt - tb);
-        for (int c0 = 0; c0 < k; c0 += 64) {  // 64 columns at a time: both sides stay in L1
-            const int c1 = std::min(k, c0 + 64);
-            for (int c = c0; c < c1; ++c) {
-                float* row = blk + size_t(c) * kGemmTokens;
-                for (int t = 0; t < cnt; ++t) row[t] = x[size_t(tb + t) * k + c];
-                for (int t = cnt; t < kGemmTokens; ++t) row[t] = 0.0f;
+        const int c8 = k / 8 * 8, t8 = cnt / 8 * 8;
+        for (int c = 0; c < c8; c += 8) {
+            for (int t = 0; t < t8; t += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(x + size_t(tb + t + i) * k + c);
+                transpose8(r);
+                for (int j = 0; j < 8; ++j)
+                    _mm256_storeu_ps(blk + size_t(c + j) * kGemmTokens + t, r[j]);
             }
+        }
+        for (int c = 0; c < k; ++c) {
+            float* row = blk + size_t(c) * kGemmTokens;
+            for (int t = c < c8 ? t8 : 0; t < cnt; ++t) row[t] = x[size_t(tb + t) * k + c];
+            for (int t = cnt; t < kGemmTokens; ++t) row[t] = 0.0f;
         }
     }
 }
@@ -105,8 +132,9 @@ void run_rows(const GemmKernels& gk, const GemmRows& w, int k, int m, int j0, in
             const int cnt = std::min(kGemmTokens, nt - b * kGemmTokens);
             for (int q = 0; q < n_strips; ++q) {
                 const int r0 = p0 + q * R, rows = std::min(R, p1 - r0);
-                gk.store(sum + (size_t(q) * n_blocks + b) * L, rows, cnt, bias ? bias + r0 : nullptr,
-                         out + size_t(t0 + b * kGemmTokens) * m + r0, m, accumulate);
+                gk.store(sum + (size_t(q) * n_blocks + b) * L, rows, cnt,
+                         bias ? bias + r0 : nullptr, out + size_t(t0 + b * kGemmTokens) * m + r0, m,
+                         accumulate);
             }
         }
     }
@@ -119,8 +147,8 @@ void tile_avx2_t(const float* w, int64_t ldw, const float* xt, int kc, float* la
     __m256 acc[R][V];
     for (int r = 0; r < R; ++r)
         for (int v = 0; v < V; ++v)
-            acc[r][v] = start ? _mm256_setzero_ps()
-                              : _mm256_load_ps(lanes + r * kGemmTokens + 8 * v);
+            acc[r][v] =
+                start ? _mm256_setzero_ps() : _mm256_load_ps(lanes + r * kGemmTokens + 8 * v);
     for (int c = 0; c < kc; ++c) {
         __m256 xv[V];
         for (int v = 0; v < V; ++v) xv[v] = _mm256_loadu_ps(xt + size_t(c) * kGemmTokens + 8 * v);
@@ -149,20 +177,27 @@ void tile_avx2_rows(const float* w, int64_t ldw, const float* xt, int kc, int nt
 void tile_avx2(const float* w, int64_t ldw, int rows, const float* xt, int kc, int nt, float* acc,
                bool start) {
     switch (rows) {
-        case 6: return tile_avx2_rows<6>(w, ldw, xt, kc, nt, acc, start);
-        case 5: return tile_avx2_rows<5>(w, ldw, xt, kc, nt, acc, start);
-        case 4: return tile_avx2_rows<4>(w, ldw, xt, kc, nt, acc, start);
-        case 3: return tile_avx2_rows<3>(w, ldw, xt, kc, nt, acc, start);
-        case 2: return tile_avx2_rows<2>(w, ldw, xt, kc, nt, acc, start);
-        case 1: return tile_avx2_rows<1>(w, ldw, xt, kc, nt, acc, start);
-        default: IF_FAIL("gemm tile: " << rows << " rows (at most 6 on the AVX2 path)");
+        case 6:
+            return tile_avx2_rows<6>(w, ldw, xt, kc, nt, acc, start);
+        case 5:
+            return tile_avx2_rows<5>(w, ldw, xt, kc, nt, acc, start);
+        case 4:
+            return tile_avx2_rows<4>(w, ldw, xt, kc, nt, acc, start);
+        case 3:
+            return tile_avx2_rows<3>(w, ldw, xt, kc, nt, acc, start);
+        case 2:
+            return tile_avx2_rows<2>(w, ldw, xt, kc, nt, acc, start);
+        case 1:
+            return tile_avx2_rows<1>(w, ldw, xt, kc, nt, acc, start);
+        default:
+            IF_FAIL("gemm tile: " << rows << " rows (at most 6 on the AVX2 path)");
     }
 }
 
 }  // namespace
 
-void gemm_store_scalar(const float* s, int rows, int nt, const float* bias, float* out,
-                       int64_t ldo, bool accumulate) {
+void gemm_store_scalar(const float* s, int rows, int nt, const float* bias, float* out, int64_t ldo,
+                       bool accumulate) {
     for (int t = 0; t < nt; ++t)
         for (int r = 0; r < rows; ++r)
             epilogue(out + t * ldo + r, s[r * kGemmTokens + t], bias, r, accumulate);
@@ -183,8 +218,8 @@ void gemm_exact(const float* x, int n, int k, int m, const GemmRows& w, const fl
     IF_CHECK(k > 0, "gemm_exact: k = " << k);
     const GemmKernels& gk = gemm_kernels();
     const size_t per_token = size_t(k) * sizeof(float);
-    const int group = int(std::clamp<size_t>(kGroupBytes / per_token / kGemmTokens, 1, 16)) *
-                      kGemmTokens;
+    const int group =
+        int(std::clamp<size_t>(kGroupBytes / per_token / kGemmTokens, 1, 16)) * kGemmTokens;
     const int n_units = (m + gk.rows - 1) / gk.rows;
     const int threads = std::max(1, std::min(n_threads, n_units));
     static thread_local std::vector<float> xt;

@@ -203,9 +203,8 @@ void native_matmul(const float* x, const NativeMatrix& w, const float* bias, int
     const bool quantized = native_type_quantized(w.type);
     switch (w.pass) {
         case NativePass::exact:
-            // cpu.isa = amx: bf16 tiles for calls of many rows (gemm_amx.h); decode-sized calls
-            // keep the exact pass.
-            if (active_cpu_isa() == CpuIsa::amx && n >= kAmxMinRows)
+            // cpu.isa = amx: bf16 tiles (gemm_amx.h) for every call of the pass.
+            if (active_cpu_isa() == CpuIsa::amx)
                 return gemm_amx(x, n, w.cols, w.rows, StoredRows(qk, w), bias, out, accumulate,
                                 threads, amx_tiles());
             gemm_exact(x, n, w.cols, w.rows, StoredRows(qk, w), bias, out, accumulate, threads);
@@ -217,6 +216,17 @@ void native_matmul(const float* x, const NativeMatrix& w, const float* bias, int
             if (quantized) return f32_act_path(qk, x, w, bias, n, out, accumulate, threads);
             return float_dot_path(qk, x, w, bias, n, out, accumulate, threads);
     }
+}
+
+NativeMatrix f32_matrix(const float* w, int rows, int cols, NativePass pass) {
+    NativeMatrix nm;
+    nm.type = ggml_id::f32;
+    nm.rows = rows;
+    nm.cols = cols;
+    nm.row_bytes = size_t(cols) * sizeof(float);
+    nm.data = reinterpret_cast<const uint8_t*>(w);
+    nm.pass = pass;
+    return nm;
 }
 
 void native_embed(const NativeMatrix& table, const int32_t* ids, int n, float* out) {

@@ -10,7 +10,7 @@ namespace infoflow {
 struct BuildInfo {
     const char* version;       // "0.1.0"
     const char* commit;        // "72fd0ba1c2d3", "72fd0ba1c2d3-dirty" or "unknown"
-    const char* features;      // space-separated, e.g. "cpu openblas openmp mpi"
+    const char* features;      // space-separated, e.g. "cpu openmp mpi"
     const char* found_unused;  // toolkits found at configure time but not used yet, e.g. "cuda"
     const char* build_type;    // "Release"
     const char* compiler;      // "GNU 12.2.0"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "kernels/cpu/cpu_features.h"
 #include "runtime/core/error.h"
 #include "runtime/core/progress.h"
 #include "runtime/jobs/fidelity.h"
@@ -149,6 +150,8 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
                 s.weights->source.c_str(), s.backend->name().c_str(), cfg.model.threads, r.ranks,
                 r.ranks > 1 ? "s" : "", to_string(cfg.parallel.exchange));
     std::printf("device     : %s\n", devices_summary(s.devices).c_str());
+    if (s.backend->name() == "cpu")
+        std::printf("products   : %s\n", cpu::cpu_products_summary().c_str());
     std::printf("placement  : %s\n", placement_summary(s.placement).c_str());
     std::printf("method     : %s  ratio %.3f  layout %s%s\n", r.method.c_str(), cfg.method.ratio,
                 to_string(cfg.scoring.layout), cfg.method.reorder ? "  reorder" : "");

@@ -73,10 +73,12 @@ json cpu_json() {
     for (const char* k : k_interesting) {
         if (std::find(all.begin(), all.end(), k) != all.end()) have.push_back(k);
     }
-    // isa: the kernel path this run uses (cpu.isa, kernels/cpu/cpu_features.h).
+    // isa: the kernel path this run uses (cpu.isa, kernels/cpu/cpu_features.h); products: the
+    // kernels its matrix products run on.
     return {{"model", model.empty() ? json(nullptr) : json(model)},
             {"flags", have},
-            {"isa", cpu::cpu_isa_summary()}};
+            {"isa", cpu::cpu_isa_summary()},
+            {"products", cpu::cpu_products_summary()}};
 }
 
 }  // namespace

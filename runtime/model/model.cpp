@@ -81,20 +81,31 @@ const float* Model::w(const std::vector<float>& v) {
 void Model::mm(const float* x, const std::vector<float>& w32, const StoredMatrix& stored,
                const float* bias, int n, int k, int m, float* out, bool accumulate,
                bool lm_head) {
-    if (stored.empty()) {
-        backend_.matmul(x, w(w32), bias, n, k, m, out, accumulate);
-        return;
-    }
+    const NativePass pass = !decoding() ? NativePass::exact
+                            : lm_head   ? NativePass::decode_fp32
+                                        : NativePass::decode;
     NativeMatrix nm;
-    nm.type = stored.type;
-    nm.rows = int(stored.rows);
-    nm.cols = int(stored.cols);
-    nm.row_bytes = stored.row_bytes();
-    nm.data = stored.data();
-    nm.row_group = stored.row_group;
-    nm.pass = !decoding() ? NativePass::exact
-              : lm_head   ? NativePass::decode_fp32
-                          : NativePass::decode;
+    if (stored.empty()) {
+        if (!backend_.supports_native_weights()) {
+            backend_.matmul(x, w(w32), bias, n, k, m, out, accumulate);
+            return;
+        }
+        // The CPU: fp32 weights (host or generated, both in host memory there) as F32 rows, so
+        // they take the products stored weights take in this pass (docs/design.md §6).
+        nm.type = uint32_t(GgmlType::F32);
+        nm.rows = m;
+        nm.cols = k;
+        nm.row_bytes = size_t(k) * sizeof(float);
+        nm.data = reinterpret_cast<const uint8_t*>(w(w32));
+    } else {
+        nm.type = stored.type;
+        nm.rows = int(stored.rows);
+        nm.cols = int(stored.cols);
+        nm.row_bytes = stored.row_bytes();
+        nm.data = stored.data();
+        nm.row_group = stored.row_group;
+    }
+    nm.pass = pass;
     backend_.matmul_native(x, nm, bias, n, out, accumulate);
 }
 

@@ -83,9 +83,9 @@ TEST_CASE("amx: gemm_amx against the fp32 product within the bf16 bound", "[amx]
 }
 
 TEST_CASE("amx: the backend's native matmul on cpu.isa = amx against avx512", "[amx]") {
-    // A Q4_1 matrix (the bundled model's type) through native_matmul: calls of >= 16 rows take
-    // the tiles, within the bf16 bound of the avx512 exact pass; fewer rows keep the exact pass,
-    // the same bits as avx512.
+    // A Q4_1 matrix (the bundled model's type) through native_matmul: every exact-pass call,
+    // whatever its rows, takes the tiles, within the bf16 bound of the avx512 exact pass, and
+    // gives each token the bits it gets alone.
     std::mt19937 rng(23);
     const int k = 576, m = 96;
     const size_t rb = native_row_bytes(ggml_id::q4_1, k);
@@ -103,6 +103,7 @@ TEST_CASE("amx: the backend's native matmul on cpu.isa = amx against avx512", "[
     nm.row_bytes = rb;
     nm.data = wq.data();
     const std::vector<float> bias = normal(rng, size_t(m), 0.1f);
+    const CpuIsa before = active_cpu_isa();
     for (const int n : {8, 15, 16, 40, 129}) {
         const std::vector<float> x = normal(rng, size_t(n) * k, 1.0f);
         const std::vector<float> prev = normal(rng, size_t(n) * m, 1.0f);
@@ -112,22 +113,22 @@ TEST_CASE("amx: the backend's native matmul on cpu.isa = amx against avx512", "[
         set_cpu_isa_override("amx");
         native_matmul(x.data(), nm, bias.data(), n, got.data(), true, 2);
         INFO("tiles " << amx_tiles().name << " n=" << n);
-        if (n < kAmxMinRows) {
-            CHECK(std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0);
-        } else {
-            // Accumulating into `prev` adds its rounding: compare the sums without it.
-            std::vector<float> g2(got.size()), r2(got.size());
-            for (size_t i = 0; i < got.size(); ++i) {
-                g2[i] = got[i] - prev[i];
-                r2[i] = ref[i] - prev[i];
-            }
-            const double ratio = gemm_error_ratio(g2, r2, x.data(), wf.data(), n, k, m);
-            std::printf("native matmul amx (%s) vs avx512, n=%d: worst error %.3f of the bound\n",
-                        amx_tiles().name, n, ratio);
-            CHECK(ratio <= 1.0);
+        // Accumulating into `prev` adds its rounding: compare the sums without it.
+        std::vector<float> g2(got.size()), r2(got.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+            g2[i] = got[i] - prev[i];
+            r2[i] = ref[i] - prev[i];
         }
+        const double ratio = gemm_error_ratio(g2, r2, x.data(), wf.data(), n, k, m);
+        std::printf("native matmul amx (%s) vs avx512, n=%d: worst error %.3f of the bound\n",
+                    amx_tiles().name, n, ratio);
+        CHECK(ratio <= 1.0);
+        // Token 0 alone: the bits it got in the call of n tokens.
+        std::vector<float> one(prev.begin(), prev.begin() + m);
+        native_matmul(x.data(), nm, bias.data(), 1, one.data(), true, 1);
+        CHECK(std::memcmp(one.data(), got.data(), size_t(m) * sizeof(float)) == 0);
     }
-    set_cpu_isa_override("auto");
+    set_cpu_isa_override(cpu_isa_name(before));
 }
 
 namespace {
