@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "comm/communicator.h"
+#include "kernels/cpu/cpu_features.h"
 #include "runtime/config/cli.h"
 #include "runtime/config/config_reference.h"
 #include "runtime/core/build_info.h"
@@ -24,6 +25,11 @@ int main(int argc, char** argv) {
             std::printf("infoflow_sp %s (commit %s, %s, %s)\nfeatures: %s\n", b.version, b.commit,
                         b.build_type, b.compiler, b.features);
             if (*b.found_unused) std::printf("found, not used yet: %s\n", b.found_unused);
+            std::string paths;
+            for (const cpu::CpuIsa p : cpu::cpu_paths_runnable())
+                paths += std::string(paths.empty() ? "" : " ") + cpu::cpu_isa_name(p);
+            std::printf("cpu paths: %s (this run: %s)\n", paths.c_str(),
+                        cpu::cpu_isa_name(cpu::active_cpu_isa()));
             return 0;
         }
         if (args.print_config_reference) {
@@ -50,6 +56,7 @@ int main(int argc, char** argv) {
         comm->set_link(detect_link(*comm));
         if (comm->rank() == 0) check_outputs_writable(cfg);
         run_job(cfg, *comm);
+        if (cfg.model.backend == Config::Backend::cpu) cpu::cpu_check_expected_path();
         comm->barrier();
         return 0;
     } catch (const std::exception& e) {

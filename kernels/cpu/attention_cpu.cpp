@@ -92,7 +92,8 @@ struct Avx2 {
             r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
         }
         for (int c = 0; c < 4; ++c) {
-            _mm256_storeu_ps(dst + size_t(c) * dst_stride, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+            _mm256_storeu_ps(dst + size_t(c) * dst_stride,
+                             _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
             _mm256_storeu_ps(dst + size_t(4 + c) * dst_stride,
                              _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
         }
@@ -131,9 +132,9 @@ void attention_avx2(const AttnParams& p, int n_threads) { tiled::attention<Avx2>
 }  // namespace detail
 
 void attention_isa(CpuIsa isa, const AttnParams& p, int n_threads) {
-    if (isa == CpuIsa::amx) {
+    if (isa == CpuIsa::amx && amx_tiles_for_attention()) {
         attention_amx(p, n_threads, amx_tiles());
-    } else if (isa == CpuIsa::avx512) {
+    } else if (isa_uses_avx512(isa)) {
         IF_CHECK(cpu_has_avx512(), "attention: the avx512 path needs a CPU with AVX-512");
         detail::attention_avx512(p, n_threads);
     } else {

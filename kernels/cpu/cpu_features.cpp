@@ -177,6 +177,35 @@ std::string cpu_isa_summary() {
     return s;
 }
 
+namespace {
+// Bit 0: gemm, bit 1: attention; -1: not read yet (INFOFLOW_AMX_TILES, set_amx_tiles).
+std::atomic<int> g_amx_tiles{-1};
+
+int parse_amx_tiles(const std::string& s, const char* where) {
+    if (s.empty() || s == "gemm,attention" || s == "attention,gemm") return 3;
+    if (s == "gemm") return 1;
+    if (s == "attention") return 2;
+    throw Error(std::string(where) + " = \"" + s +
+                "\": expected \"gemm,attention\", \"gemm\" or \"attention\"");
+}
+
+int amx_tile_products() {
+    int v = g_amx_tiles.load(std::memory_order_acquire);
+    if (v >= 0) return v;
+    const char* env = std::getenv("INFOFLOW_AMX_TILES");
+    int expected = -1;
+    g_amx_tiles.compare_exchange_strong(expected,
+                                        parse_amx_tiles(env ? env : "", "INFOFLOW_AMX_TILES"));
+    return g_amx_tiles.load(std::memory_order_acquire);
+}
+}  // namespace
+
+bool amx_tiles_for_gemm() { return amx_tile_products() & 1; }
+bool amx_tiles_for_attention() { return amx_tile_products() & 2; }
+void set_amx_tiles(const std::string& products) {
+    g_amx_tiles.store(parse_amx_tiles(products, "amx tiles"), std::memory_order_release);
+}
+
 std::vector<CpuIsa> cpu_paths_runnable() {
     std::vector<CpuIsa> paths{CpuIsa::avx2};
     if (cpu_has_avx512()) paths.push_back(CpuIsa::avx512);
@@ -199,6 +228,8 @@ std::string cpu_products_summary() {
     std::string s;
     if (isa == CpuIsa::amx) {
         s = amx_emulated() ? "bf16 tiles (emulated)" : "bf16 tiles (amx)";
+        if (!amx_tiles_for_attention()) s += " for gemm only";
+        if (!amx_tiles_for_gemm()) s += " for attention only";
         name = "avx512";
     } else {
         s = std::string("exact pass (") + name + " fma)";

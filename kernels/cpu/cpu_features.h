@@ -43,6 +43,14 @@ bool amx_emulated();
 // amx only on a CPU with usable AMX (cpu_has_amx()), never the emulator.
 CpuIsa active_cpu_isa();
 
+// Which products take the tiles on the amx path: both (the default), or one of them alone for a
+// measurement of the choice (bench/bench_cpu_paths.cpp, docs/design.md §6 "Numerics per CPU
+// path"): the measurement hook INFOFLOW_AMX_TILES = "gemm,attention" (default) | "gemm" |
+// "attention"; the products left out run their avx512 code.
+bool amx_tiles_for_gemm();
+bool amx_tiles_for_attention();
+void set_amx_tiles(const std::string& products);  // the same choice, from code; "" = both
+
 // Whether a path runs the AVX-512 kernels (avx512 and amx: AMX tiles only replace the many-row
 // products, everything else is the AVX-512 code).
 inline bool isa_uses_avx512(CpuIsa isa) { return isa == CpuIsa::avx512 || isa == CpuIsa::amx; }

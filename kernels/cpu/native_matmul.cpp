@@ -120,8 +120,8 @@ void f32_act_path(const QuantKernels& qk, const float* x, const NativeMatrix& w,
             float* ob = out + size_t(t0) * m;
             for (int u = u0; u < u1; ++u) {
                 if (unit > 1) {
-                    qk.dot_f32_group(w.type, w.data + size_t(u) * unit * w.row_bytes, xb, k, k,
-                                     nt, v, kRowGroup);
+                    qk.dot_f32_group(w.type, w.data + size_t(u) * unit * w.row_bytes, xb, k, k, nt,
+                                     v, kRowGroup);
                 } else {
                     dequantize_row_any(qk, w, u, plain, row32.data());
                     const uint8_t* r = reinterpret_cast<const uint8_t*>(row32.data());
@@ -204,7 +204,7 @@ void native_matmul(const float* x, const NativeMatrix& w, const float* bias, int
     switch (w.pass) {
         case NativePass::exact:
             // cpu.isa = amx: bf16 tiles (gemm_amx.h) for every call of the pass.
-            if (active_cpu_isa() == CpuIsa::amx)
+            if (active_cpu_isa() == CpuIsa::amx && amx_tiles_for_gemm())
                 return gemm_amx(x, n, w.cols, w.rows, StoredRows(qk, w), bias, out, accumulate,
                                 threads, amx_tiles());
             gemm_exact(x, n, w.cols, w.rows, StoredRows(qk, w), bias, out, accumulate, threads);

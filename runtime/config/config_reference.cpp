@@ -82,18 +82,22 @@ const std::map<std::string, std::string>& descriptions() {
          "call (docs/design.md §6); decode steps use fused dot products with activations "
          "quantized to 8 bits per 32-value block, the LM head with fp32 activations; all of it in "
          "one mapping on transparent huge pages where the kernel allows); `f32` "
-         "dequantizes the whole model to fp32 at load (the reference). The `cuda` backend always "
-         "loads `f32` (bf16 on the device)"},
+         "dequantizes the whole model to fp32 at load (4 bytes per weight), and the fp32 rows "
+         "take the same products (the same bits). The `cuda` backend always loads `f32` (bf16 on "
+         "the device)"},
         {"cpu.isa",
          "CPU kernel path: `auto` (AMX where the CPU has it and Linux grants the tile state, "
          "else AVX-512 with VNNI/BF16 where the CPU has it, else AVX2), `avx2`, `avx512` (an "
-         "error on a CPU without AVX-512) or `amx` (AVX-512 with the prefill GEMMs and the "
-         "many-row attention's Q·Kᵀ on bf16 tiles, fp32 accumulation; an error naming what is "
-         "missing on a CPU without usable AMX); the environment variable INFOFLOW_CPU_ISA does "
-         "the same when this key is `auto`. The run summary prints the path and, on avx512, why "
-         "not amx. "
-         "Test hook: INFOFLOW_AMX_EMULATE=1 runs the tiles in a software emulator (slow; never "
-         "the default), so `amx` can be tested on a CPU without it"},
+         "error on a CPU without AVX-512) or `amx` (AVX-512 with every product of the "
+         "prefill, scoring, recompute and suffix passes and the many-row attention's Q·Kᵀ on "
+         "bf16 tiles, fp32 accumulation; an error naming what is missing on a CPU without usable "
+         "AMX); the environment variable INFOFLOW_CPU_ISA does the same when this key is `auto`. "
+         "What each path promises: docs/design.md §6, \"Numerics per CPU path\". The run summary "
+         "prints the path and, on avx512, why not amx; `infoflow_sp --version` lists the paths "
+         "this CPU can run. Test hooks (never the default): INFOFLOW_AMX_EMULATE=1 runs the "
+         "tiles in a software emulator (~2.3x the avx512 path's time), so `amx` can be tested on "
+         "a CPU without it; INFOFLOW_CPU_CEILING=avx2|avx512 takes the CPU to have no path above "
+         "it"},
         {"model.dtype",
          "compute type of weights and activations; the CPU backend computes in fp32 (`bf16` / "
          "`fp16` are planned: not implemented yet)"},

@@ -39,6 +39,10 @@ nlohmann::json run_eval(const Config& cfg, Session& s);
 // job = "sweep": config points x generated cases, each point scored by teacher-forced fidelity to
 // `full` and by answer accuracy, with bootstrap intervals and paired comparisons (docs/quality.md).
 nlohmann::json run_sweep(const Config& cfg, Session& s);
+// The case generator's spec of a sweep config ([sweep]; the filler file read here), documents
+// joined by `separator` (the request template's).
+struct CaseSpec;
+CaseSpec sweep_case_spec(const Config& cfg, const std::string& separator);
 // job = "cache-build": prefills every document once into the KV store (store.path).
 nlohmann::json run_cache_build(const Config& cfg, Session& s);
 // The core of cache-build, reused by job serve's POST /v1/documents. Collective: context chunk i

@@ -127,28 +127,6 @@ const std::vector<std::string>& measures() {
     return m;
 }
 
-// The generator's spec from [sweep] (the filler file's sentences read here).
-CaseSpec case_spec(const Config& cfg, const std::string& separator) {
-    CaseSpec spec;
-    spec.kinds = cfg.sweep.kinds;
-    spec.documents = cfg.sweep.documents;
-    spec.context_tokens = cfg.sweep.context_tokens;
-    spec.seed = cfg.sweep.seed;
-    spec.separator = separator;
-    spec.document_tokens = cfg.sweep.document_tokens;
-    spec.depths = cfg.sweep.depths;
-    spec.distractors = cfg.sweep.distractors;
-    if (!cfg.sweep.filler_file.empty()) {
-        for (const std::string& p : split_paragraphs(read_file(cfg.sweep.filler_file))) {
-            for (std::string& x : split_sentences(p)) spec.filler.push_back(std::move(x));
-        }
-        IF_CHECK(!spec.filler.empty(),
-                 "sweep.filler_file = '" << cfg.sweep.filler_file << "' holds no text");
-    }
-    check_case_spec(spec);
-    return spec;
-}
-
 json case_json(const QualityCase& c) {
     std::string context;
     for (size_t i = 0; i < c.documents.size(); ++i) {
@@ -169,6 +147,28 @@ json case_json(const QualityCase& c) {
 
 }  // namespace
 
+// The generator's spec from [sweep] (the filler file's sentences read here).
+CaseSpec sweep_case_spec(const Config& cfg, const std::string& separator) {
+    CaseSpec spec;
+    spec.kinds = cfg.sweep.kinds;
+    spec.documents = cfg.sweep.documents;
+    spec.context_tokens = cfg.sweep.context_tokens;
+    spec.seed = cfg.sweep.seed;
+    spec.separator = separator;
+    spec.document_tokens = cfg.sweep.document_tokens;
+    spec.depths = cfg.sweep.depths;
+    spec.distractors = cfg.sweep.distractors;
+    if (!cfg.sweep.filler_file.empty()) {
+        for (const std::string& p : split_paragraphs(read_file(cfg.sweep.filler_file))) {
+            for (std::string& x : split_sentences(p)) spec.filler.push_back(std::move(x));
+        }
+        IF_CHECK(!spec.filler.empty(),
+                 "sweep.filler_file = '" << cfg.sweep.filler_file << "' holds no text");
+    }
+    check_case_spec(spec);
+    return spec;
+}
+
 nlohmann::json run_sweep(const Config& cfg, Session& s) {
     const auto t_start = Clock::now();
     const Tokenizer& tok = s.tok();
@@ -182,7 +182,7 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
              "greedy answer");
     IF_CHECK(cfg.decode.max_new_tokens >= 1, "job sweep needs decode.max_new_tokens >= 1");
     const CaseSpec spec =
-        case_spec(cfg, instruction_text(cfg.request.prompt_template).doc_separator);
+        sweep_case_spec(cfg, instruction_text(cfg.request.prompt_template).doc_separator);
     const std::vector<Point> points = sweep_points(cfg);
     Model& model = *s.model;
     const int V = model.config().n_vocab;

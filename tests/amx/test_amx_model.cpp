@@ -29,6 +29,7 @@
 #include "runtime/model/model.h"
 #include "runtime/model/model_loader.h"
 #include "runtime/model/sampling.h"
+#include "tests/cpu_paths/cpu_paths.h"
 
 using namespace infoflow;
 
@@ -44,14 +45,13 @@ MethodResult run_demo(const ModelWeights& w, const std::string& isa) {
     const Tokenizer tok = Tokenizer::from_gguf(gguf);
     const ChatTemplate chat(tok, "auto");
     const PreparedRequest req = prepare_request(tok, chat, load_request_text(cfg.request), cfg);
-    cpu::set_cpu_isa_override(isa);
+    const test::IsaScope on_path(isa);
     auto be = make_cpu_backend(2);
     Model m(*be, w);
     MethodResult r = run_method(m, req, cfg, tok.stop_ids());
     std::printf("demo on %s (%s weights): %d context tokens, %zu recomputed, answer: %s\n",
                 cpu::cpu_isa_summary().c_str(), w.has_stored() ? "native" : "f32", r.context_tokens,
                 r.selected_positions.size(), tok.decode(r.answer).c_str());
-    cpu::set_cpu_isa_override("auto");
     return r;
 }
 

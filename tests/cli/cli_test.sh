@@ -19,7 +19,11 @@
 #                    prints the reference with "match" and progress lines (phases, tok/s)
 #       planned    - planned features (bf16) stop
 #                    at start-up with "not implemented yet", before any model is loaded
-#       version    - --version prints the version, a commit and the build features
+#       version    - --version prints the version, a commit, the build features and the CPU
+#                    paths this CPU can run (INFOFLOW_CPU_CEILING=avx2: avx2 alone)
+#       products   - the binary started directly with OpenBLAS's generic kernels forced (what a
+#                    CPU model it does not know gets): fp32 weights run the CPU's path, no BLAS
+#                    library is linked, the summary and provenance name the products' kernels
 #       schema     - answer (1 and 2 ranks), niah, eval and bench-ttft results validate against
 #                    docs/result.schema.json, and carry the provenance of this build and model
 #       jsonl      - a 2-case niah sweep interrupted after its first case leaves exactly one
@@ -194,6 +198,41 @@ version)
     want="$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
     grep -q "commit $want" "$tmp/out.txt" || fail "commit is not HEAD ($want): rebuild, the binary was built from another commit"
     grep -q '^features: cpu ' "$tmp/out.txt" || fail "no build features"
+    grep -Eq '^cpu paths: avx2( avx512)?( amx)? \(this run: (avx2|avx512|amx)\)$' "$tmp/out.txt" ||
+        fail "no line of the CPU paths this CPU can run"
+    # A CPU without AVX-512 (INFOFLOW_CPU_CEILING, the test hook that simulates one) lists avx2
+    # alone and runs it.
+    INFOFLOW_CPU_CEILING=avx2 INFOFLOW_CPU_ISA= "$bin" --version | grep -qx 'cpu paths: avx2 (this run: avx2)' ||
+        fail "INFOFLOW_CPU_CEILING=avx2 does not leave avx2 alone"
+    ;;
+products)
+    # Started directly (no launch script), as users, mpirun and Slurm start it, on a CPU whose
+    # model a BLAS library would not know (OPENBLAS_CORETYPE=Prescott forces OpenBLAS's generic
+    # SSE3 kernels, what it picks on a model it does not know): fp32 weights (model.weights =
+    # f32) still run the CPU's own path, and the summary and provenance say which kernels carry the
+    # products. No BLAS library is linked at all.
+    if ldd "$bin" | grep -Ei 'lib(open)?blas|libmkl|libblis'; then
+        fail "a BLAS library is linked"
+    fi
+    expect=$(INFOFLOW_CPU_ISA= "$bin" --version | sed -n 's/^cpu paths: .*(this run: \(.*\))$/\1/p')
+    [ -n "${INFOFLOW_CPU_ISA:-}" ] && expect="$INFOFLOW_CPU_ISA"
+    OPENBLAS_CORETYPE=Prescott "$bin" --config configs/full.toml --set model.weights=f32 \
+        --set model.threads=2 --set decode.max_new_tokens=4 --set 'request.documents=[]' \
+        --set request.system="" --set request.question="What is the capital of France?" \
+        --out "$tmp/r.json" > "$tmp/out.txt" 2>&1 ||
+        { cat "$tmp/out.txt"; fail "infoflow_sp exited non-zero"; }
+    grep '^products' "$tmp/out.txt" || fail "the summary names no products' kernels"
+    python3 - "$tmp/r.json" "$expect" <<'PY' || exit 1
+import json, sys
+r, expect = json.load(open(sys.argv[1])), sys.argv[2]
+cpu = r["provenance"]["host"]["cpu"]
+print("isa:", cpu["isa"], "| products:", cpu["products"])
+assert cpu["isa"].split()[0] == expect, (cpu["isa"], expect)
+want = {"avx2": "exact pass (avx2 fma)", "avx512": "exact pass (avx512 fma)",
+        "amx": "bf16 tiles ("}[expect]
+assert cpu["products"].startswith(want), cpu["products"]
+assert cpu["products"].endswith("no BLAS library"), cpu["products"]
+PY
     ;;
 schema)
     schema="$root/docs/result.schema.json"

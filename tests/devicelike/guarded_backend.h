@@ -49,6 +49,9 @@ class GuardedBackend final : public Backend {
     std::string name() const override { return "guarded"; }
     std::string device() const override { return "guarded (cpu, memory locked between ops)"; }
     void set_threads(int n_threads) override { cpu_->set_threads(n_threads); }
+    // The CPU's kernels run underneath: its rate, so the recompute plan (parallel.balance,
+    // which weighs compute against bytes) is the CPU backend's on every CPU path.
+    double nominal_gmacs() const override { return cpu_->nominal_gmacs(); }
     // Calls made so far, for tests that want to see traffic go through the interface.
     size_t ops() const { return ops_; }
 

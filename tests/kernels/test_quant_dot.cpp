@@ -13,8 +13,8 @@
 //  - quantized dot vs the dot with the exact fp32 x: the error of the activations themselves,
 //    |x_i - x^_i| <= d_b / 2 per block b (round to nearest), so |err| <= sum_b (d_b / 2) *
 //    sum_{i in b} |w_i|, plus the fp32 term above.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -23,21 +23,27 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_exact.h"
 #include "kernels/cpu/native_matmul.h"
 #include "kernels/cpu/quant_dot.h"
 #include "runtime/core/half.h"
 #include "runtime/formats/dequant.h"
+#include "tests/cpu_paths/cpu_paths.h"
 
 using namespace infoflow;
 using namespace infoflow::cpu;
 
 namespace {
 
-std::vector<CpuIsa> isas() {
-    std::vector<CpuIsa> v{CpuIsa::avx2};
-    if (cpu_has_avx512()) v.push_back(CpuIsa::avx512);
-    return v;
+// The paths this process can run (amx: the CPU's tiles, or the emulator in the amx variant of a
+// test); each test that visits them leaves the one it was given in use (IsaScope).
+std::vector<CpuIsa> isas() { return cpu_paths_runnable(); }
+
+// The exact pass's relative bound on the amx path rounds x and w to bf16 (1.1 * 2^-8 of
+// sum |x w|, docs/design.md §6 "Numerics per CPU path"); elsewhere fp32 (1e-5, this file's bar).
+double exact_rel(NativePass pass) {
+    return pass == NativePass::exact && active_cpu_isa() == CpuIsa::amx ? 1.1 / 256.0 : 1e-5;
 }
 
 const char* type_name(uint32_t t) {
@@ -227,8 +233,7 @@ TEST_CASE("dot_q8: each quantized type on each CPU path against double dots", "[
     }
 }
 
-TEST_CASE("row groups: interleaving is a permutation of the bytes that gather undoes",
-          "[quant]") {
+TEST_CASE("row groups: interleaving is a permutation of the bytes that gather undoes", "[quant]") {
     std::mt19937 rng(19);
     for (const uint32_t type : {ggml_id::q4_0, ggml_id::q4_1, ggml_id::q8_0}) {
         REQUIRE(row_group_supported(type));
@@ -295,8 +300,8 @@ TEST_CASE("dot_q8_group and dot_f32_group: each grouped type on each CPU path ag
                         }
                     }
                     INFO(cpu_isa_name(isa) << " " << type_name(type) << " k=" << k << " row " << r
-                                           << ": q8 " << got_q8[r] << " vs " << ref_hat
-                                           << ", f32 " << got_f32[r] << " vs " << ref_x);
+                                           << ": q8 " << got_q8[r] << " vs " << ref_hat << ", f32 "
+                                           << got_f32[r] << " vs " << ref_x);
                     CHECK(std::fabs(got_q8[r] - ref_hat) <= 1e-5 * (s_hat + wmax * sum_xhat));
                     CHECK(std::fabs(got_f32[r] - ref_x) <= 1e-5 * (s_x + wmax * sum_x));
                     // The row kernel on the plain row: the same value up to fp32 reordering.
@@ -330,85 +335,85 @@ TEST_CASE("dot_f32: F32, F16 and BF16 rows on each CPU path against double dots"
     }
 }
 
-TEST_CASE("native_matmul: every type and row count on each CPU path vs double GEMM",
-          "[quant]") {
+TEST_CASE("native_matmul: every type and row count on each CPU path vs double GEMM", "[quant]") {
     std::mt19937 rng(13);
     auto be = make_cpu_backend(2);
     for (const CpuIsa isa : isas()) {
-        set_cpu_isa_override(cpu_isa_name(isa));
+        const test::IsaScope on_path(cpu_isa_name(isa));
         for (const uint32_t type : {ggml_id::q4_1, ggml_id::q8_0, ggml_id::q6_k, ggml_id::f16}) {
             const int k = type == ggml_id::q6_k ? 512 : 96;
             // m: not a multiple of 16 rows; n: 1 to beyond the 32-token block.
             for (const int m : {37, 300}) {
                 for (const int n : {1, 3, 16, 17, 70}) {
-                  // exact (fp32 x, every pass but decode), decode (8-bit x for quantized types)
-                  // and decode_fp32 (the LM head's decode steps, fp32 x).
-                  for (const NativePass pass :
-                       {NativePass::exact, NativePass::decode, NativePass::decode_fp32}) {
-                    const std::vector<uint8_t> w = random_rows(rng, type, m, k);
-                    const size_t rb = native_row_bytes(type, k);
-                    std::vector<float> wf(size_t(m) * k);
-                    for (int r = 0; r < m; ++r)
-                        dequantize_row(type, w.data() + rb * r, wf.data() + size_t(r) * k, k);
-                    const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
-                    const std::vector<float> bias = random_floats(rng, size_t(m), 1.0f);
-                    const std::vector<float> prev = random_floats(rng, size_t(n) * m, 1.0f);
-                    // The same matrix in row groups, where its type and row count allow.
-                    const bool grouped = row_group_supported(type) && m % kRowGroup == 0;
-                    std::vector<uint8_t> wg = w;
-                    if (grouped) interleave_row_groups(type, wg.data(), m, k);
-                    NativeMatrix nm;
-                    nm.type = type;
-                    nm.rows = m;
-                    nm.cols = k;
-                    nm.row_bytes = rb;
-                    nm.data = w.data();
-                    nm.pass = pass;
-                    std::vector<float> out = prev;
-                    be->matmul_native(x.data(), nm, bias.data(), n, out.data(), true);
-                    std::vector<float> out_g = prev;
-                    if (grouped) {
-                        nm.data = wg.data();
-                        nm.row_group = kRowGroup;
-                        be->matmul_native(x.data(), nm, bias.data(), n, out_g.data(), true);
-                    }
-                    // Quantized types quantize x in decode steps (bound of test "dot_q8").
-                    const bool q8 = native_type_quantized(type) && pass == NativePass::decode;
-                    double worst = 0.0;
-                    for (int i = 0; i < n; ++i) {
-                        const float* xi = x.data() + size_t(i) * k;
-                        double xmax = 0.0;
-                        for (int c = 0; c < k; ++c) xmax = std::max(xmax, double(std::fabs(xi[c])));
-                        for (int j = 0; j < m; ++j) {
-                            const float* wj = wf.data() + size_t(j) * k;
-                            double ref = 0.0, s = 0.0;
-                            for (int c = 0; c < k; ++c) {
-                                ref += double(wj[c]) * xi[c];
-                                s += std::fabs(double(wj[c]));
-                            }
-                            const double want = ref + bias[size_t(j)] + prev[size_t(i) * m + j];
-                            // Activation step <= max|x| / 127 per block, half of it per element.
-                            const double tol = (q8 ? 0.5 * xmax / 127.0 * s * 1.001 : 0.0) +
-                                               1e-5 * (s * xmax + 2.0);
-                            const double err = std::fabs(out[size_t(i) * m + j] - want);
-                            worst = std::max(worst, err / tol);
-                            if (grouped) {
-                                const double eg = std::fabs(out_g[size_t(i) * m + j] - want);
-                                worst = std::max(worst, eg / tol);
+                    // exact (fp32 x, every pass but decode), decode (8-bit x for quantized types)
+                    // and decode_fp32 (the LM head's decode steps, fp32 x).
+                    for (const NativePass pass :
+                         {NativePass::exact, NativePass::decode, NativePass::decode_fp32}) {
+                        const std::vector<uint8_t> w = random_rows(rng, type, m, k);
+                        const size_t rb = native_row_bytes(type, k);
+                        std::vector<float> wf(size_t(m) * k);
+                        for (int r = 0; r < m; ++r)
+                            dequantize_row(type, w.data() + rb * r, wf.data() + size_t(r) * k, k);
+                        const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
+                        const std::vector<float> bias = random_floats(rng, size_t(m), 1.0f);
+                        const std::vector<float> prev = random_floats(rng, size_t(n) * m, 1.0f);
+                        // The same matrix in row groups, where its type and row count allow.
+                        const bool grouped = row_group_supported(type) && m % kRowGroup == 0;
+                        std::vector<uint8_t> wg = w;
+                        if (grouped) interleave_row_groups(type, wg.data(), m, k);
+                        NativeMatrix nm;
+                        nm.type = type;
+                        nm.rows = m;
+                        nm.cols = k;
+                        nm.row_bytes = rb;
+                        nm.data = w.data();
+                        nm.pass = pass;
+                        std::vector<float> out = prev;
+                        be->matmul_native(x.data(), nm, bias.data(), n, out.data(), true);
+                        std::vector<float> out_g = prev;
+                        if (grouped) {
+                            nm.data = wg.data();
+                            nm.row_group = kRowGroup;
+                            be->matmul_native(x.data(), nm, bias.data(), n, out_g.data(), true);
+                        }
+                        // Quantized types quantize x in decode steps (bound of test "dot_q8").
+                        const bool q8 = native_type_quantized(type) && pass == NativePass::decode;
+                        double worst = 0.0;
+                        for (int i = 0; i < n; ++i) {
+                            const float* xi = x.data() + size_t(i) * k;
+                            double xmax = 0.0;
+                            for (int c = 0; c < k; ++c)
+                                xmax = std::max(xmax, double(std::fabs(xi[c])));
+                            for (int j = 0; j < m; ++j) {
+                                const float* wj = wf.data() + size_t(j) * k;
+                                double ref = 0.0, s = 0.0;
+                                for (int c = 0; c < k; ++c) {
+                                    ref += double(wj[c]) * xi[c];
+                                    s += std::fabs(double(wj[c]));
+                                }
+                                const double want = ref + bias[size_t(j)] + prev[size_t(i) * m + j];
+                                // Activation step <= max|x| / 127 per block, half of it per
+                                // element.
+                                const double tol = (q8 ? 0.5 * xmax / 127.0 * s * 1.001 : 0.0) +
+                                                   exact_rel(pass) * (s * xmax + 2.0);
+                                const double err = std::fabs(out[size_t(i) * m + j] - want);
+                                worst = std::max(worst, err / tol);
+                                if (grouped) {
+                                    const double eg = std::fabs(out_g[size_t(i) * m + j] - want);
+                                    worst = std::max(worst, eg / tol);
+                                }
                             }
                         }
+                        INFO(cpu_isa_name(isa)
+                             << " " << type_name(type) << " m=" << m << " n=" << n << " k=" << k
+                             << (grouped ? " (and row groups)" : "") << " pass " << int(pass)
+                             << " worst err/tol " << worst);
+                        CHECK(worst <= 1.0);
                     }
-                    INFO(cpu_isa_name(isa) << " " << type_name(type) << " m=" << m << " n=" << n
-                                           << " k=" << k << (grouped ? " (and row groups)" : "")
-                                           << " pass " << int(pass) << " worst err/tol "
-                                           << worst);
-                    CHECK(worst <= 1.0);
-                  }
                 }
             }
         }
     }
-    set_cpu_isa_override("auto");
 }
 
 TEST_CASE("native_matmul: a token's outputs are the same bits whatever batch, offset and threads",
@@ -421,7 +426,7 @@ TEST_CASE("native_matmul: a token's outputs are the same bits whatever batch, of
     // fp32 GEMM whose rounding depended on the batch.)
     std::mt19937 rng(31);
     for (const CpuIsa isa : isas()) {
-        set_cpu_isa_override(cpu_isa_name(isa));
+        const test::IsaScope on_path(cpu_isa_name(isa));
         const QuantKernels& qk = quant_kernels(isa);
         for (const uint32_t type : {ggml_id::q4_0, ggml_id::q4_1, ggml_id::q5_1, ggml_id::q8_0,
                                     ggml_id::q6_k, ggml_id::f16, ggml_id::bf16, ggml_id::f32}) {
@@ -440,17 +445,26 @@ TEST_CASE("native_matmul: a token's outputs are the same bits whatever batch, of
                     const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
                     const std::vector<float> bias = random_floats(rng, size_t(m), 1.0f);
                     std::vector<float> whole(size_t(n) * m);
-                    make_cpu_backend(2)->matmul_native(x.data(), nm, bias.data(), n,
-                                                       whole.data(), false);
+                    make_cpu_backend(2)->matmul_native(x.data(), nm, bias.data(), n, whole.data(),
+                                                       false);
                     INFO(cpu_isa_name(isa) << " " << type_name(type) << (grouped ? " grouped" : "")
                                            << " pass " << int(pass));
                     if (pass == NativePass::exact) {
                         const size_t rb = native_row_bytes(type, k);
                         std::vector<float> wf(size_t(m) * k), ref(size_t(n) * m);
                         for (int r = 0; r < m; ++r)
-                            qk.dequantize(type, plain.data() + rb * r, wf.data() + size_t(r) * k, k);
-                        gemm_exact_ref(x.data(), n, k, m, wf.data(), bias.data(), ref.data(), false);
-                        CHECK(std::memcmp(ref.data(), whole.data(), ref.size() * sizeof(float)) == 0);
+                            qk.dequantize(type, plain.data() + rb * r, wf.data() + size_t(r) * k,
+                                          k);
+                        // On amx the tiles' sequence (gemm_amx_ref), elsewhere gemm_exact_ref's.
+                        if (isa == CpuIsa::amx) {
+                            gemm_amx_ref(x.data(), n, k, m, wf.data(), bias.data(), ref.data(),
+                                         false);
+                        } else {
+                            gemm_exact_ref(x.data(), n, k, m, wf.data(), bias.data(), ref.data(),
+                                           false);
+                        }
+                        CHECK(std::memcmp(ref.data(), whole.data(), ref.size() * sizeof(float)) ==
+                              0);
                     }
                     int mismatched = 0;
                     for (const int threads : {1, 2}) {
@@ -472,7 +486,6 @@ TEST_CASE("native_matmul: a token's outputs are the same bits whatever batch, of
             }
         }
     }
-    set_cpu_isa_override("auto");
 }
 
 TEST_CASE("gemm_exact: the AVX2 and AVX-512 tiles give the reference's bits", "[quant]") {
@@ -489,7 +502,7 @@ TEST_CASE("gemm_exact: the AVX2 and AVX-512 tiles give the reference's bits", "[
         }
     };
     for (const CpuIsa isa : isas()) {
-        set_cpu_isa_override(cpu_isa_name(isa));
+        const test::IsaScope on_path(cpu_isa_name(isa));
         for (const int k : {1, 31, 512, 1100}) {
             for (const int m : {1, 7, 13, 50}) {
                 for (const int n : {1, 15, 33, 70}) {
@@ -509,7 +522,6 @@ TEST_CASE("gemm_exact: the AVX2 and AVX-512 tiles give the reference's bits", "[
             }
         }
     }
-    set_cpu_isa_override("auto");
 }
 
 TEST_CASE("native_matmul: long rows on 1 and 2 threads vs double GEMM", "[quant]") {
@@ -543,7 +555,7 @@ TEST_CASE("native_matmul: long rows on 1 and 2 threads vs double GEMM", "[quant]
                         s += std::fabs(double(wf[size_t(j) * k + c]));
                     }
                     const double tol = (q8 ? 0.5 * xmax / 127.0 * s * 1.001 : 0.0) +
-                                       1e-5 * (s * xmax + 2.0);
+                                       exact_rel(nm.pass) * (s * xmax + 2.0);
                     worst = std::max(worst, std::fabs(out[size_t(i) * m + j] - ref) / tol);
                 }
             }
@@ -561,7 +573,7 @@ TEST_CASE("native_matmul: long rows on 1 and 2 threads vs double GEMM", "[quant]
 TEST_CASE("native_embed: rows of a stored table as the reference dequantizes them", "[quant]") {
     std::mt19937 rng(17);
     for (const CpuIsa isa : isas()) {
-        set_cpu_isa_override(cpu_isa_name(isa));
+        const test::IsaScope on_path(cpu_isa_name(isa));
         const int rows = 50, k = 64;
         const std::vector<uint8_t> t = random_rows(rng, ggml_id::q8_0, rows, k);
         const size_t rb = native_row_bytes(ggml_id::q8_0, k);
@@ -589,5 +601,4 @@ TEST_CASE("native_embed: rows of a stored table as the reference dequantizes the
             for (int c = 0; c < k; ++c) REQUIRE(gout[i * k + c] == ref[size_t(c)]);
         }
     }
-    set_cpu_isa_override("auto");
 }

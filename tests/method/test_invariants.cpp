@@ -1,5 +1,5 @@
-// docs/design.md §6 invariants of the single-rank method (§6.1, §6.2, §6.5), on a tiny random model:
-// infoflow at ratio 1 equals full in every layout (with and without reorder), ratio 0 equals
+// docs/design.md §6 invariants of the single-rank method (§6.1, §6.2, §6.5), on a tiny random
+// model: infoflow at ratio 1 equals full in every layout (with and without reorder), ratio 0 equals
 // none, re-positioning by a delta equals rotating at the global position (llama3 scaling too),
 // one chunk without a sink equals full, and the recompute mask is exactly key_pos <= query_pos.
 #include <catch2/catch.hpp>
@@ -7,13 +7,13 @@
 #include "runtime/method/chunk_kv.h"
 #include "runtime/method/recompute.h"
 #include "runtime/method/scoring.h"
+#include "tests/cpu_paths/cpu_paths.h"
 #include "tests/method/method_fixture.h"
 
 using namespace infoflow;
 using namespace infoflow::test;
 
 namespace {
-constexpr double kTol = 1e-4;  // docs/design.md §6: fp32 CPU relative error on logits
 const std::vector<int32_t> kNoStop;
 }  // namespace
 
@@ -33,7 +33,7 @@ TEST_CASE("infoflow at ratio 1 equals full, every layout, with and without reord
                 const MethodResult r = run_method(*tm.m, req, cfg, kNoStop);
                 CAPTURE(to_string(layout), reorder, to_string(query));
                 CHECK(int(r.selected_positions.size()) == req.context_tokens() - 5);
-                CHECK(rel_err(r.first_logits, full.first_logits) <= kTol);
+                CHECK(rel_err(r.first_logits, full.first_logits) <= test::path_tolerance().logits);
                 CHECK(r.answer == full.answer);
             }
         }
@@ -49,13 +49,15 @@ TEST_CASE("cacheblend and epic recomputing everything equal full [6.1]", "[metho
         cfg.cacheblend.metric = metric;
         const MethodResult r = run_method(*tm.m, req, cfg, kNoStop);
         CAPTURE(to_string(metric));
-        CHECK(rel_err(r.first_logits, full.first_logits) <= kTol);
+        CHECK(rel_err(r.first_logits, full.first_logits) <= test::path_tolerance().logits);
     }
     Config epic = method_config(Config::Method::epic, 1.0);
-    CHECK(rel_err(run_method(*tm.m, req, epic, kNoStop).first_logits, full.first_logits) <= kTol);
+    CHECK(rel_err(run_method(*tm.m, req, epic, kNoStop).first_logits, full.first_logits) <=
+          test::path_tolerance().logits);
     epic.epic.mode = Config::EpicMode::fixed;
     epic.epic.k = 100;
-    CHECK(rel_err(run_method(*tm.m, req, epic, kNoStop).first_logits, full.first_logits) <= kTol);
+    CHECK(rel_err(run_method(*tm.m, req, epic, kNoStop).first_logits, full.first_logits) <=
+          test::path_tolerance().logits);
 }
 
 TEST_CASE("ratio 0 equals none [6.2]", "[method][invariant]") {
@@ -84,7 +86,7 @@ TEST_CASE("one chunk without a sink equals full [6.5]", "[method][invariant]") {
     const PreparedRequest solo = random_request(5, tm.w.config.n_vocab, 0, {30}, 6, -1);
     const MethodResult f2 = run_method(*tm.m, solo, method_config(Config::Method::full), kNoStop);
     const MethodResult n2 = run_method(*tm.m, solo, method_config(Config::Method::none), kNoStop);
-    CHECK(rel_err(n2.first_logits, f2.first_logits) <= kTol);
+    CHECK(rel_err(n2.first_logits, f2.first_logits) <= test::path_tolerance().logits);
     CHECK(n2.answer == f2.answer);
     // With a sink the chunk's states differ from the exact ones (the sink shifts them).
     PreparedRequest sunk = solo;
@@ -160,6 +162,6 @@ TEST_CASE("recompute uses the exact mask key_pos <= query_pos", "[method][invari
         for (int i = 0; i < Q; ++i) spos[i] = T + i;
         return tm.m->forward(cache, req.suffix, spos);
     };
-    CHECK(rel_err(run(false), full.first_logits) <= kTol);
+    CHECK(rel_err(run(false), full.first_logits) <= test::path_tolerance().logits);
     CHECK(rel_err(run(true), full.first_logits) > 1e-2);
 }

@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "runtime/model/model.h"
 #include "runtime/model/model_loader.h"
 #include "runtime/model/sampling.h"
+#include "tests/cpu_paths/cpu_paths.h"
 #include "tests/test_util.h"
 
 using namespace infoflow;
@@ -159,11 +161,10 @@ TEST_CASE("native weights: stored rows dequantize to the fp32 load's rows", "[na
                              f.tok_embd.begin() + 1003 * c.n_embd));
 }
 
-TEST_CASE("native weights: a prefill (the exact pass, fp32 activations) equals the fp32 load",
-          "[native][real]") {
-    // Every projection and the LM head (all rows) run the exact pass: fp32 arithmetic on the
-    // same fp32 weight values, in another order than the fp32 load's GEMM: the fp32 tolerance,
-    // 1e-4 relative.
+TEST_CASE("native weights: a prefill gives the fp32 load's bits", "[native][real]") {
+    // Every projection and the LM head (all rows) take the same product on either load (fp32
+    // weights as F32 rows: the exact pass, or the tiles on amx) over the same fp32 weight values
+    // (the stored blocks dequantized): the same bits.
     std::vector<int32_t> tokens(40), pos(40);
     for (int i = 0; i < 40; ++i) tokens[size_t(i)] = 100 + 37 * i, pos[size_t(i)] = i;
     std::vector<float> out[2];
@@ -180,37 +181,34 @@ TEST_CASE("native weights: a prefill (the exact pass, fp32 activations) equals t
         den = std::max(den, double(std::fabs(out[0][i])));
     }
     std::printf("native prefill vs f32: max |dlogit| %.3g (max |logit| %.3g)\n", num, den);
-    CHECK(num <= 1e-4 * den);
+    CHECK(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
 }
 
-TEST_CASE("native weights: the France question answered as the fp32 load does, each CPU path",
+TEST_CASE("native weights: the France question answered as the fp32 load does",
           "[native][real][heavy]") {
+    // On the path in use (each CPU path through the test's variants). Both loads take the same
+    // products in a prefill (fp32 weights as F32 rows: docs/design.md §6), so the first-token
+    // logits agree to the path's tolerance (measured: bit for bit); decode steps multiply
+    // 8-bit activations with the stored blocks against fp32 rows.
     const Run ref = answer_france(f32_weights());
-    std::vector<std::string> paths = {"avx2"};
-    if (cpu::cpu_has_avx512()) paths.push_back("avx512");
-    for (const std::string& p : paths) {
-        cpu::set_cpu_isa_override(p);
-        const Run got = answer_france(native_weights());
-        double first_err = 0.0, first_max = 0.0, worst = 0.0;
-        for (size_t i = 0; i < ref.first.size(); ++i) {
-            first_err = std::max(first_err, double(std::fabs(got.first[i] - ref.first[i])));
-            first_max = std::max(first_max, double(std::fabs(ref.first[i])));
-        }
-        for (const auto& [id, logit] : top_logits(ref.second.data(), int(ref.second.size()), 20)) {
-            worst = std::max(worst, std::fabs(double(got.second[size_t(id)]) - logit));
-        }
-        std::printf(
-            "%s: first-token max |dlogit| %.3g (fp32 path); decode-step logits (q8 "
-            "activations) max |dlogit| over the fp32 top-20 %.4f\n",
-            p.c_str(), first_err, worst);
-        INFO("cpu path " << p);
-        CHECK(got.answer == ref.answer);
-        CHECK(argmax(got.first.data(), int(got.first.size())) ==
-              argmax(ref.first.data(), int(ref.first.size())));
-        CHECK(first_err <= 1e-4 * first_max);
-        CHECK(worst <= 0.5);
+    const Run got = answer_france(native_weights());
+    double first_err = 0.0, first_max = 0.0, worst = 0.0;
+    for (size_t i = 0; i < ref.first.size(); ++i) {
+        first_err = std::max(first_err, double(std::fabs(got.first[i] - ref.first[i])));
+        first_max = std::max(first_max, double(std::fabs(ref.first[i])));
     }
-    cpu::set_cpu_isa_override("auto");
+    for (const auto& [id, logit] : top_logits(ref.second.data(), int(ref.second.size()), 20)) {
+        worst = std::max(worst, std::fabs(double(got.second[size_t(id)]) - logit));
+    }
+    std::printf(
+        "%s: first-token max |dlogit| %.3g (prefill); decode-step logits (q8 activations) max "
+        "|dlogit| over the fp32 top-20 %.4f\n",
+        cpu::cpu_isa_summary().c_str(), first_err, worst);
+    CHECK(got.answer == ref.answer);
+    CHECK(argmax(got.first.data(), int(got.first.size())) ==
+          argmax(ref.first.data(), int(ref.first.size())));
+    CHECK(first_err <= test::path_tolerance().logits * first_max);
+    CHECK(worst <= 0.5);
 }
 
 TEST_CASE("native weights from a Hugging Face directory: F16 and BF16 kept as stored",

@@ -54,15 +54,12 @@ ask() {  # ask OUT.json [extra --set ...]
 
 case "$case_name" in
 query)
-    # fp32 weights (the engine's exact reference): the claims are the store's. With native
-    # weights the chunk K/V carry the 8-bit activation path's rounding, and the f16 store's
-    # extra rounding can then move a near-tied score across the selection cut-off.
+    # fp32 weights (the engine's exact reference): the claims are the store's. (With native
+    # weights, when decode-sized calls still took 8-bit activations, the f16 store's rounding
+    # moved a near-tied score across the selection cut-off.)
     export INFOFLOW_STORE_TEST_WEIGHTS=f32
-    # One thread everywhere, as the 2-rank cache-build below: with fp32 weights a prefill's sums
-    # can depend on the thread count (measured 2026-12-05 on an AMD EPYC guest: one first-token
-    # logit 28.7413406 from a 1-thread cache-build, 28.7413387 from a 2-thread one; native
-    # weights' exact pass does not), and the claims here are the store's, not the threads'.
-    export INFOFLOW_STORE_TEST_THREADS=1
+    # fp32 weights take the exact pass, whose bits do not depend on the thread count: the
+    # 2-rank cache-build below runs one thread per rank, the questions two.
     build "$tmp/f16.h5" f16
     grep -q "4 added, 0 already present" "$tmp/build.txt" || fail "cache-build did not add 4 documents"
     ask "$tmp/fresh.json" --set store.path=""
@@ -98,7 +95,8 @@ for r in (f32, rw2, rw1):
 assert rw1["store"]["tokens"] == 0 and rw1["store"]["added"] == 4, rw1["store"]
 # f16: same selected set; logits within 1e-3 of the top logit's magnitude (half keeps 11 bits
 # per K/V value, the errors average out over the attention sums; measured ~5e-5; see
-# tests/store/mpi/test_store_sp.cpp).
+# tests/store/mpi/test_store_sp.cpp); 1e-2 on the amx path, whose bf16 products turn those
+# errors into whole bf16 steps here and there (docs/design.md §6, "Numerics per CPU path").
 assert f16["selected_positions"] == fresh["selected_positions"], "f16 selected set differs"
 a = {e["id"]: e["logit"] for e in f16["first_token_top"]}
 b = {e["id"]: e["logit"] for e in fresh["first_token_top"]}
@@ -106,7 +104,8 @@ assert f16["first_token_top"][0]["id"] == fresh["first_token_top"][0]["id"]
 scale = max(abs(v) for v in b.values())
 err = max(abs(a[i] - b[i]) for i in b if i in a) / scale
 print(f"f16 max relative logit error over the shared top-20: {err:.2e}")
-assert err <= 1e-3, err
+bar = 1e-2 if f16["provenance"]["host"]["cpu"]["isa"].startswith("amx") else 1e-3
+assert err <= bar, (err, bar)
 print("ok: store answers equal the fresh run;", repr(f16["answer"]["text"]))
 PY
     ;;
