@@ -11,7 +11,8 @@
 //                  them: the fused dot products of decode steps, used for every pass
 // On a CPU without AMX the tile candidates run on the emulator (INFOFLOW_AMX_EMULATE=1, set
 // here): the same numbers, so the comparison holds, but their times are no measure of speed.
-// Requests: the demo's question, "What is the capital of France?" (no documents), then
+// Requests (run from the repository root): the demo's documents and question (configs/demo.toml),
+// "What is the capital of France?" (no documents), then
 // --cases cases of the config's [sweep] generator (case indices --first-case onwards, every case
 // kept).
 //
@@ -113,7 +114,9 @@ std::vector<Request> requests(Session& s, const Config& cfg, int n_cases, int fi
     const Tokenizer& tok = s.tok();
     const ChatTemplate& chat = s.chat_template();
     std::vector<Request> out;
-    out.push_back({"demo", prepare_request(tok, chat, load_request_text(cfg.request), cfg)});
+    // The demo's documents and question (configs/demo.toml), under cfg's method.
+    const Config demo = load_config("configs/demo.toml");
+    out.push_back({"demo", prepare_request(tok, chat, load_request_text(demo.request), cfg)});
     out.push_back(
         {"france",
          prepare_request(tok, chat, RequestText{"", {}, "What is the capital of France?"}, cfg)});
@@ -139,7 +142,18 @@ struct Tally {
 
 }  // namespace
 
+int run(int argc, char** argv);
+
 int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "bench_cpu_paths: error: %s\n", e.what());
+        return 1;
+    }
+}
+
+int run(int argc, char** argv) {
     std::string config_path, out_path;
     std::vector<std::string> sets;
     std::vector<std::string> candidates = {"amx", "amx-gemm", "amx-attention", "int8"};

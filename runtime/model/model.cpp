@@ -78,9 +78,22 @@ const float* Model::w(const std::vector<float>& v) {
     return it == device_.end() ? nullptr : it->second.data();  // absent: an optional tensor
 }
 
+namespace {
+// A stored matrix as the backend takes it (its pass left at the default).
+NativeMatrix native_view(const StoredMatrix& st) {
+    NativeMatrix nm;
+    nm.type = st.type;
+    nm.rows = int(st.rows);
+    nm.cols = int(st.cols);
+    nm.row_bytes = st.row_bytes();
+    nm.data = st.data();
+    nm.row_group = st.row_group;
+    return nm;
+}
+}  // namespace
+
 void Model::mm(const float* x, const std::vector<float>& w32, const StoredMatrix& stored,
-               const float* bias, int n, int k, int m, float* out, bool accumulate,
-               bool lm_head) {
+               const float* bias, int n, int k, int m, float* out, bool accumulate, bool lm_head) {
     const NativePass pass = !decoding() ? NativePass::exact
                             : lm_head   ? NativePass::decode_fp32
                                         : NativePass::decode;
@@ -98,12 +111,7 @@ void Model::mm(const float* x, const std::vector<float>& w32, const StoredMatrix
         nm.row_bytes = size_t(k) * sizeof(float);
         nm.data = reinterpret_cast<const uint8_t*>(w(w32));
     } else {
-        nm.type = stored.type;
-        nm.rows = int(stored.rows);
-        nm.cols = int(stored.cols);
-        nm.row_bytes = stored.row_bytes();
-        nm.data = stored.data();
-        nm.row_group = stored.row_group;
+        nm = native_view(stored);
     }
     nm.pass = pass;
     backend_.matmul_native(x, nm, bias, n, out, accumulate);
@@ -140,14 +148,7 @@ void Model::embed(const int32_t* ids, int n, float* hidden) {
     }
     const StoredMatrix& st = weights_.tok_embd_stored;
     if (!st.empty()) {
-        NativeMatrix nm;
-        nm.type = st.type;
-        nm.rows = int(st.rows);
-        nm.cols = int(st.cols);
-        nm.row_bytes = st.row_bytes();
-        nm.data = st.data();
-        nm.row_group = st.row_group;
-        backend_.embed_native(nm, ids, n, hidden);
+        backend_.embed_native(native_view(st), ids, n, hidden);
         return;
     }
     backend_.embed(w(weights_.tok_embd), ids, n, c.n_embd, hidden);

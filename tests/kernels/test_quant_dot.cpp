@@ -104,6 +104,15 @@ std::vector<uint8_t> random_rows(std::mt19937& rng, uint32_t type, int rows, int
     return out;
 }
 
+// The rows of a stored matrix ([rows, k] blocks) dequantized by the reference, [rows, k] fp32.
+std::vector<float> dequantized(uint32_t type, const std::vector<uint8_t>& w, int rows, int k) {
+    const size_t rb = native_row_bytes(type, k);
+    std::vector<float> wf(size_t(rows) * k);
+    for (int r = 0; r < rows; ++r)
+        dequantize_row(type, w.data() + rb * r, wf.data() + size_t(r) * k, k);
+    return wf;
+}
+
 std::vector<float> ref_dequant(uint32_t type, const uint8_t* row, int64_t k) {
     std::vector<float> v(static_cast<size_t>(k));
     dequantize_row(type, row, v.data(), k);
@@ -351,9 +360,7 @@ TEST_CASE("native_matmul: every type and row count on each CPU path vs double GE
                          {NativePass::exact, NativePass::decode, NativePass::decode_fp32}) {
                         const std::vector<uint8_t> w = random_rows(rng, type, m, k);
                         const size_t rb = native_row_bytes(type, k);
-                        std::vector<float> wf(size_t(m) * k);
-                        for (int r = 0; r < m; ++r)
-                            dequantize_row(type, w.data() + rb * r, wf.data() + size_t(r) * k, k);
+                        const std::vector<float> wf = dequantized(type, w, m, k);
                         const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
                         const std::vector<float> bias = random_floats(rng, size_t(m), 1.0f);
                         const std::vector<float> prev = random_floats(rng, size_t(n) * m, 1.0f);
@@ -531,10 +538,7 @@ TEST_CASE("native_matmul: long rows on 1 and 2 threads vs double GEMM", "[quant]
     const int m = 300, k = 16640, n = 19;
     for (const uint32_t type : {ggml_id::q4_1, ggml_id::f16}) {
         const std::vector<uint8_t> w = random_rows(rng, type, m, k);
-        const size_t rb = native_row_bytes(type, k);
-        std::vector<float> wf(size_t(m) * k);
-        for (int r = 0; r < m; ++r)
-            dequantize_row(type, w.data() + rb * r, wf.data() + size_t(r) * k, k);
+        const std::vector<float> wf = dequantized(type, w, m, k);
         const std::vector<float> x = random_floats(rng, size_t(n) * k, 1.0f);
         const NativeMatrix nm = plain_matrix(type, m, k, w.data());
         const bool q8 = native_type_quantized(type);
