@@ -62,7 +62,7 @@ MethodResult run_full(Model& model, const PreparedRequest& req, const Config& cf
     r.ttft_ms = sum_ms(r.phases);
     r.chunk_order = identity_order(req.n_chunks());
     if (hooks.take_cache) {
-        hooks.take_cache(std::move(cache), r);
+        hooks.take_cache(std::move(cache), -1, r);
     } else if (!hooks.before_decode || hooks.before_decode(cache, r)) {
         GenerateOptions gen = generate_options(cfg, stop_ids);
         gen.on_token = hooks.on_token;
@@ -363,7 +363,7 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     }
     if (hooks.before_decode && !hooks.before_decode(x.cache, r)) return r;
     if (hooks.take_cache) {
-        hooks.take_cache(std::move(x.cache), r);
+        hooks.take_cache(std::move(x.cache), gen.group, r);
     } else {
         decode_answer(model, x.cache, gen, r);
         clock.mark("decode");

@@ -105,7 +105,7 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
         decode = go != 0;
     }
     if (hooks.take_cache) {  // rank 0's cache is the prompt: job serve decodes it
-        hooks.take_cache(std::move(p.cache), r);
+        hooks.take_cache(std::move(p.cache), -1, r);
     } else {
         clock.begin("decode");
         if (decode && exact) {

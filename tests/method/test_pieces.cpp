@@ -119,3 +119,39 @@ TEST_CASE("pieces: fp32 weights keep forwards whole, the bits hold", "[pieces]")
     check_same(whole, cut);
     CHECK(steps >= 2);
 }
+
+TEST_CASE("take_cache: the prompt decoded by the caller gives run_method's answer", "[pieces]") {
+    TinyModel tm;
+    const PreparedRequest req = random_request(8, tm.w.config.n_vocab, 6, {40, 30, 50}, 8);
+    for (const auto& [method, emulate] :
+         {std::pair{Config::Method::full, 1}, std::pair{Config::Method::infoflow, 1},
+          std::pair{Config::Method::infoflow, 2}, std::pair{Config::Method::epic, 1}}) {
+        INFO(to_string(method) << " on " << emulate << " emulated rank(s)");
+        Config cfg;
+        cfg.method.name = method;
+        cfg.method.ratio = 0.3;
+        cfg.parallel.emulate_ranks = emulate;
+        cfg.decode.max_new_tokens = 7;
+        const MethodResult whole = run_method(*tm.m, req, cfg, {});
+        RunHooks hooks;
+        std::unique_ptr<KvCache> taken;
+        int32_t group = -5;
+        hooks.take_cache = [&](KvCache&& c, int32_t g, MethodResult&) {
+            taken = std::make_unique<KvCache>(std::move(c));
+            group = g;
+        };
+        const MethodResult r = run_method(*tm.m, req, cfg, {}, hooks);
+        REQUIRE(taken);
+        CHECK(r.answer.empty());  // the caller decodes
+        CHECK(group == (emulate > 1 ? 0 : -1));
+        CHECK(taken->size() == r.context_tokens + r.suffix_tokens);
+        GenerateOptions gen = generate_options(cfg, {});
+        gen.group = group;
+        Generator g(*tm.m, r.first_logits, r.context_tokens + r.suffix_tokens, gen);
+        while (g.sample()) {
+            g.set_logits(decode_batch(*tm.m, {{taken.get(), g.token(), g.pos(), group}}).data());
+        }
+        CHECK(g.result().tokens == whole.answer);
+        CHECK(r.selected_positions == whole.selected_positions);
+    }
+}
