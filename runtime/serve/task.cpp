@@ -111,7 +111,7 @@ int TaskQueue::depth() const {
 
 int TaskQueue::retry_after_s() const {
     std::lock_guard<std::mutex> lock(mu_);
-    const double s = mean_service_s_ * double(q_.size() + 1);
+    const double s = mean_service_s_ * double(q_.size() + 1) / double(std::max(1, parallel_));
     return int(std::clamp(std::ceil(s), 1.0, 60.0));
 }
 
