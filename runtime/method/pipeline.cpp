@@ -63,6 +63,7 @@ MethodResult run_full(Model& model, const PreparedRequest& req, const Config& cf
     r.chunk_order = identity_order(req.n_chunks());
     if (hooks.take_cache) {
         hooks.take_cache(std::move(cache), -1, r);
+        clock.mark("decode");  // empty: the caller decodes
     } else if (!hooks.before_decode || hooks.before_decode(cache, r)) {
         GenerateOptions gen = generate_options(cfg, stop_ids);
         gen.on_token = hooks.on_token;
@@ -364,6 +365,7 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     if (hooks.before_decode && !hooks.before_decode(x.cache, r)) return r;
     if (hooks.take_cache) {
         hooks.take_cache(std::move(x.cache), gen.group, r);
+        clock.mark("decode");  // empty: the caller decodes
     } else {
         decode_answer(model, x.cache, gen, r);
         clock.mark("decode");

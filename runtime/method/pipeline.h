@@ -100,8 +100,8 @@ struct RunHooks {
     // moved out, whose first context_tokens + suffix_tokens positions are the prompt -- and
     // decodes it itself, batched with other requests, its rows in visibility group `group`
     // (-1 none; 0 on emulated ranks, as the decode's). The run then ends as after a decode (the
-    // store is written) but has no "decode" phase. Not with "exact" or ring attention, whose
-    // decode needs every rank.
+    // store is written); its "decode" phase is empty, for the caller to fill in. Not with
+    // "exact" or ring attention, whose decode needs every rank.
     std::function<void(KvCache&& cache, int32_t group, MethodResult& r)> take_cache;
     // Teacher forcing inside a sequence-parallel run (run_method_sp; job sweep on virtual
     // ranks), where no one rank's cache is the prompt: the tokens of `forced_ref` are fed after

@@ -104,17 +104,15 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
         comm.broadcast(&go, sizeof(go), 0);
         decode = go != 0;
     }
-    if (hooks.take_cache) {  // rank 0's cache is the prompt: job serve decodes it
-        hooks.take_cache(std::move(p.cache), -1, r);
-    } else {
-        clock.begin("decode");
-        if (decode && exact) {
-            decode_exact(model, comm, cfg, stop_ids, sh, p.cache, r, hooks.on_token);
-        } else if (decode) {
-            decode_kv(model, comm, cfg, stop_ids, p.cache, r, hooks.on_token);
-        }
-        clock.end();
+    clock.begin("decode");  // every rank has the phase, its rows gathered below
+    if (hooks.take_cache) {
+        hooks.take_cache(std::move(p.cache), -1, r);  // rank 0's cache is the prompt
+    } else if (decode && exact) {
+        decode_exact(model, comm, cfg, stop_ids, sh, p.cache, r, hooks.on_token);
+    } else if (decode) {
+        decode_kv(model, comm, cfg, stop_ids, p.cache, r, hooks.on_token);
     }
+    clock.end();
 
     if (source.uses_store()) {
         // Each rank adds its own prefilled chunks (the store's lock serializes the writers).

@@ -16,6 +16,12 @@ double Task::seconds_since_arrival() const {
     return std::chrono::duration<double>(Clock::now() - arrival_).count();
 }
 
+void Task::cancel() {
+    Clock::rep none = 0;
+    cancelled_at_.compare_exchange_strong(none, Clock::now().time_since_epoch().count());
+    cancelled_ = true;
+}
+
 void Task::push(Event e) {
     {
         std::lock_guard<std::mutex> lock(mu_);

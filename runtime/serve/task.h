@@ -54,8 +54,12 @@ class Task {
     // HTTP side: the next event, waiting at most `timeout`; nullopt when none came.
     std::optional<Event> next(std::chrono::milliseconds timeout);
     // The client went away (or its deadline passed on the HTTP side): the worker stops it.
-    void cancel() { cancelled_ = true; }
+    void cancel();
     bool cancelled() const { return cancelled_.load(); }
+    // When cancel() was first called (the epoch when it was not).
+    Clock::time_point cancelled_at() const {
+        return Clock::time_point(Clock::duration(cancelled_at_.load()));
+    }
 
     // Set by the worker when the first token was sent (seconds since arrival); -1 before.
     std::atomic<double> first_token_s{-1.0};
@@ -69,6 +73,7 @@ class Task {
     std::string route_;
     Clock::time_point arrival_, deadline_;
     std::atomic<bool> cancelled_{false};
+    std::atomic<Clock::rep> cancelled_at_{0};
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::deque<Event> events_;
