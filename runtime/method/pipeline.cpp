@@ -362,7 +362,10 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
                                   r.first_logits, *hooks.forced_ref, gen.group);
         if (hooks.on_forced && !hooks.on_forced(rows, r)) return r;
     }
-    if (hooks.before_decode && !hooks.before_decode(x.cache, r)) return r;
+    if (hooks.before_decode && !hooks.before_decode(x.cache, r)) {
+        if (!hooks.chunks) save_to_store(source, chunks, r);  // the store's use, as below
+        return r;
+    }
     if (hooks.take_cache) {
         hooks.take_cache(std::move(x.cache), gen.group, r);
         clock.mark("decode");  // empty: the caller decodes
