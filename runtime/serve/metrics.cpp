@@ -25,7 +25,7 @@ std::vector<double> step_bounds() {
     return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 }
 
-void header(std::ostringstream& os, const std::string& name, const char* type, const char* help) {
+void header(std::ostream& os, const std::string& name, const char* type, const char* help) {
     os << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
 }
 
@@ -149,28 +149,36 @@ Metrics::Load Metrics::load() const {
     return l;
 }
 
-namespace {
-
-// The batching part of render().
-void render_batching(std::ostringstream& os, int running, int waiting, int max_batch,
-                     int batch_size, uint64_t kv_in_use, uint64_t kv_limit) {
+void Metrics::render_batching(std::ostream& os) const {
     header(os, "infoflow_requests_running", "gauge",
            "requests admitted: decoding, or in their context work");
-    os << "infoflow_requests_running " << running << "\n";
+    os << "infoflow_requests_running " << running_ << "\n";
     header(os, "infoflow_requests_waiting", "gauge", "requests queued, not yet admitted");
-    os << "infoflow_requests_waiting " << waiting << "\n";
+    os << "infoflow_requests_waiting " << queue_depth_ << "\n";
     header(os, "infoflow_max_batch", "gauge", "serve.max_batch");
-    os << "infoflow_max_batch " << max_batch << "\n";
+    os << "infoflow_max_batch " << max_batch_ << "\n";
     header(os, "infoflow_batch_size", "gauge", "requests in the last decode step");
-    os << "infoflow_batch_size " << batch_size << "\n";
+    os << "infoflow_batch_size " << batch_size_ << "\n";
     header(os, "infoflow_kv_bytes_in_use", "gauge",
            "KV memory held by the running requests on rank 0 (a prefill at its peak)");
-    os << "infoflow_kv_bytes_in_use " << kv_in_use << "\n";
+    os << "infoflow_kv_bytes_in_use " << kv_in_use_ << "\n";
     header(os, "infoflow_kv_bytes_limit", "gauge", "serve.kv_budget_mb in bytes");
-    os << "infoflow_kv_bytes_limit " << kv_limit << "\n";
+    os << "infoflow_kv_bytes_limit " << kv_limit_ << "\n";
+    header(os, "infoflow_decode_step_seconds", "histogram",
+           "time of one decode step over every decoding request");
+    os << step_.render("infoflow_decode_step_seconds");
+    header(os, "infoflow_decode_steps_total", "counter", "decode steps");
+    os << "infoflow_decode_steps_total " << steps_ << "\n";
+    header(os, "infoflow_decode_rows_total", "counter",
+           "request rows over all decode steps (rows / steps = the mean batch size)");
+    os << "infoflow_decode_rows_total " << step_rows_ << "\n";
+    header(os, "infoflow_decode_steps_in_prefill_total", "counter",
+           "decode steps run between two pieces of a request's context work");
+    os << "infoflow_decode_steps_in_prefill_total " << prefill_steps_ << "\n";
+    header(os, "infoflow_inter_token_latency_seconds", "histogram",
+           "time between two consecutive tokens of a request");
+    os << itl_.render("infoflow_inter_token_latency_seconds");
 }
-
-}  // namespace
 
 std::string Metrics::render() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -206,21 +214,7 @@ std::string Metrics::render() const {
     }
     header(os, "infoflow_queue_depth", "gauge", "requests queued, not yet admitted");
     os << "infoflow_queue_depth " << queue_depth_ << "\n";
-    render_batching(os, running_, queue_depth_, max_batch_, batch_size_, kv_in_use_, kv_limit_);
-    header(os, "infoflow_decode_step_seconds", "histogram",
-           "time of one decode step over every decoding request");
-    os << step_.render("infoflow_decode_step_seconds");
-    header(os, "infoflow_decode_steps_total", "counter", "decode steps");
-    os << "infoflow_decode_steps_total " << steps_ << "\n";
-    header(os, "infoflow_decode_rows_total", "counter",
-           "request rows over all decode steps (rows / steps = the mean batch size)");
-    os << "infoflow_decode_rows_total " << step_rows_ << "\n";
-    header(os, "infoflow_decode_steps_in_prefill_total", "counter",
-           "decode steps run between two pieces of a request's context work");
-    os << "infoflow_decode_steps_in_prefill_total " << prefill_steps_ << "\n";
-    header(os, "infoflow_inter_token_latency_seconds", "histogram",
-           "time between two consecutive tokens of a request");
-    os << itl_.render("infoflow_inter_token_latency_seconds");
+    render_batching(os);
     header(os, "infoflow_queue_capacity", "gauge", "serve.queue_size");
     os << "infoflow_queue_capacity " << queue_capacity_ << "\n";
     header(os, "infoflow_store_hits_total", "counter",

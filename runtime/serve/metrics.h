@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <mutex>
 #include <string>
@@ -63,6 +64,8 @@ class Metrics {
     std::string render() const;
 
   private:
+    void render_batching(std::ostream& os) const;  // mu_ held
+
     mutable std::mutex mu_;
     std::map<std::pair<std::string, int>, uint64_t> requests_;
     std::map<std::string, uint64_t> cancels_;
