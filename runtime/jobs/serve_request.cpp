@@ -177,6 +177,7 @@ uint64_t kv_need_bytes(const PlannedRequest& p, const Model& model, int ranks, b
     uint64_t slots = T + Q + M + T;  // the cache, and the chunks until they are assembled
     if (ranks > 1) slots += T;       // rank 0's cache keeps room for the selected tokens
     if (p.cfg.scoring.layout != Config::Layout::global) slots += T;  // a scoring cache
+    if (p.cfg.method.reorder) slots += T;                            // reorder's scoring cache
     return slot * slots;
 }
 

@@ -12,6 +12,7 @@
 
 #include "runtime/core/fs.h"
 #include "runtime/core/pieces.h"
+#include "runtime/jobs/serve_request.h"
 #include "runtime/method/phases.h"
 #include "runtime/model/batch_decode.h"
 #include "tests/method/method_fixture.h"
@@ -145,6 +146,11 @@ TEST_CASE("take_cache: the prompt decoded by the caller gives run_method's answe
         CHECK(r.answer.empty());  // the caller decodes
         CHECK(group == (emulate > 1 ? 0 : -1));
         CHECK(taken->size() == r.context_tokens + r.suffix_tokens);
+        // Job serve's KV budget counts at least what the cache holds.
+        PlannedRequest plan;
+        plan.cfg = cfg;
+        plan.prepared = req;
+        CHECK(kv_cache_bytes(*taken) <= kv_need_bytes(plan, *tm.m, 1));
         GenerateOptions gen = generate_options(cfg, {});
         gen.group = group;
         Generator g(*tm.m, r.first_logits, r.context_tokens + r.suffix_tokens, gen);
