@@ -355,6 +355,7 @@ def plot(lines, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     series = {}
     for s in lines:
@@ -365,8 +366,11 @@ def plot(lines, path):
         x = [s["clients"] for s in ss]
         ax1.plot(x, [s["ttft_p95_ms"] / 1000 for s in ss], marker="o", label=label)
         ax2.plot(x, [s["req_per_s"] for s in ss], marker="o", label=label)
+    clients = sorted({s["clients"] for s in lines})
     for ax, what in ((ax1, "TTFT p95 (s)"), (ax2, "requests/s")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(clients)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
