@@ -362,7 +362,8 @@ def plot(lines, path):
         series.setdefault((s["variant"], s["ranks"]), []).append(s)
     for (v, r), ss in sorted(series.items()):
         ss.sort(key=lambda s: s["clients"])
-        label = f"{v}" + (f" ({r} ranks)" if v.startswith("ours") and r > 1 else "")
+        several = len({s["ranks"] for s in lines}) > 1
+        label = f"{v} ({r}-rank run)" if several else v
         x = [s["clients"] for s in ss]
         ax1.plot(x, [s["ttft_p95_ms"] / 1000 for s in ss], marker="o", label=label)
         ax2.plot(x, [s["req_per_s"] for s in ss], marker="o", label=label)
