@@ -34,6 +34,8 @@ class PieceScope {
     ~PieceScope();
     PieceScope(const PieceScope&) = delete;
     PieceScope& operator=(const PieceScope&) = delete;
+    // The counting starts over (the owner just ran what the callback runs, on its own).
+    void restart() { done_ = 0.0; }
 
   private:
     PieceScope* outer_;

@@ -122,6 +122,11 @@ json ServeEngine::run() {
         std::chrono::duration<double>(P > 1 ? st_.cfg.serve.heartbeat_s : 0.2));
     {
         const SignalWatcher watcher(st_);
+        // Every request's context work on this thread counts towards the next decode step,
+        // across requests too: at most serve.prefill_chunk tokens of it between two steps.
+        pieces_ = std::make_unique<PieceScope>(st_.cfg.serve.prefill_chunk,
+                                               products_row_independent(*st_.s->model),
+                                               [this] { decode_step(); });
         last_heartbeat_ = Clock::now();
         for (;;) {
             if (drain_requested() && !draining_) begin_drain();
@@ -136,6 +141,7 @@ json ServeEngine::run() {
             }
             heartbeat_if_due();
         }
+        pieces_.reset();
     }
     if (P > 1) command(k_shutdown, {});
     st_.http->stop();  // the connections in hand (the last responses) finish first
@@ -235,8 +241,6 @@ MethodResult ServeEngine::run_pipeline(Running& run) {
         };
     }
     in_context_work_ = true;
-    const PieceScope pieces(st_.cfg.serve.prefill_chunk, products_row_independent(*s.model),
-                            [this] { decode_step(); });
     MethodResult r = answer_request(plan.cfg, s, plan.prepared, hooks);
     in_context_work_ = false;
     return r;
@@ -283,6 +287,7 @@ void ServeEngine::decode_step() {
     if (step_starts_.size() > 1024) step_starts_.pop_front();
     const std::vector<float> logits = decode_batch(*st_.s->model, rows);
     st_.metrics.observe_decode_step(seconds(Clock::now() - t0), int(rows.size()), in_context_work_);
+    if (pieces_) pieces_->restart();  // the next step comes after serve.prefill_chunk tokens
     const size_t V = size_t(st_.s->model->config().n_vocab);
     std::vector<std::unique_ptr<Running>> going_on;
     for (size_t i = 0; i < batch_.size(); ++i) {
@@ -404,8 +409,6 @@ void ServeEngine::run_documents(DocumentsTask& t) {
     StoreBuild built;
     try {
         in_context_work_ = true;
-        const PieceScope pieces(st_.cfg.serve.prefill_chunk, products_row_independent(*s.model),
-                                [this] { decode_step(); });
         std::unique_ptr<KvStore> store =
             open_store_for(*s.model, t.plan.prepared.tokenizer_hash, t.plan.cfg, true);
         built = build_store_chunks(s, t.plan.cfg, t.plan.prepared, *store);

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "runtime/core/pieces.h"
 #include "runtime/jobs/serve_state.h"
 
 namespace infoflow {
@@ -52,6 +53,7 @@ class ServeEngine {
     void begin_drain();
 
     ServeState& st_;
+    std::unique_ptr<PieceScope> pieces_;  // while serving: context work between decode steps
     std::vector<std::unique_ptr<Running>>
         batch_;                     // requests decoding on rank 0, in admission order
     bool in_context_work_ = false;  // a request's pipeline is running
