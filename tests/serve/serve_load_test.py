@@ -9,7 +9,9 @@ CASE  batch   8 concurrent clients of mixed lengths (0 to ~900 context tokens, 6
               exchange, two seeded samplers), through the official `openai` package: each answer's
               token ids, its first-token logits (a hash of the whole row) and its selection equal
               the request's run alone; /metrics shows the decode batched (rows per step > 1) and
-              stepping between pieces of context work; another seed samples another answer
+              stepping between pieces of context work; another seed samples another answer; a
+              running stream gets a decode step after every 64-token piece of another request's
+              ~1000-token prefill (serve.prefill_chunk = 64)
       budget  serve.kv_budget_mb for about two requests at once: 6 concurrent requests answered as
               alone, the KV memory in use (/metrics, sampled meanwhile) never above the limit,
               some of them waited; a request that could never fit is refused (400 naming
@@ -197,6 +199,7 @@ def case_batch(a):
         other = dict(work[6][1], seed=13)
         check(ask_openai(client, other)["tokens"] != alone[6]["tokens"],
               "seed 13 sampled what seed 12 sampled")
+        check_pieces(srv, client)
         log(f"ok: {len(work)} clients x {rounds} rounds on {a.np} rank(s): every answer, "
             f"first-token logits hash and selection equal to the request alone; "
             f"{rows:.0f} rows in {steps:.0f} decode steps ({rows / steps:.2f} per step), "
@@ -207,6 +210,29 @@ def case_batch(a):
     except BaseException:
         srv.kill()
         raise
+
+
+def check_pieces(srv, client):
+    """A long context never stalls a running stream for more than one piece: while a `full`
+    request's ~1000 tokens of context work run (serve.prefill_chunk = 64), a running stream gets
+    a decode step after every piece -- at least (tokens / 64) - 1 steps."""
+    sock = open_request(srv, {"messages": [{"role": "user", "content": "Tell a long story."}],
+                              "max_tokens": 400, "stream": True, "logit_bias": EOS_BAN})
+    got = b""
+    while got.count(b"data: ") < 2:
+        got += sock.recv(65536)
+    m0 = srv.metrics()
+    r = client.chat.completions.create(
+        model="m", max_tokens=2, messages=[{"role": "user", "content": "Who founded it?"}],
+        extra_body={"documents": make_docs(4, 190, 9), "infoflow": {"method": "full"}})
+    m1 = srv.metrics()
+    sock.close()
+    tokens = r.usage.prompt_tokens
+    steps = metric_delta(m0, m1, "infoflow_decode_steps_in_prefill_total")
+    check(steps >= tokens // 64 - 1,
+          f"{steps:.0f} decode steps during {tokens} tokens of context work in pieces of 64")
+    log(f"ok: {steps:.0f} decode steps of a running stream during the {tokens}-token prefill "
+        f"of another request (pieces of 64 tokens)")
 
 
 # ---- budget ---------------------------------------------------------------------------------
