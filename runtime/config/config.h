@@ -247,7 +247,7 @@ struct Config {
         // the one in its context work), the tokens of context work between two decode steps of
         // the running ones, and the KV memory all running requests may hold.
         int max_batch = 16;
-        int prefill_chunk = 256;
+        int prefill_chunk = 64;
         int kv_budget_mb = 4096;
         int max_body_bytes = 8 << 20;    // request body limit (413 beyond)
         int max_tokens = 1024;           // cap on a request's max_tokens (400 beyond)

@@ -198,7 +198,7 @@ api_key_env = "MY_KEY"
 allow_unauthenticated = true
 queue_size = 4
 max_batch = 3
-prefill_chunk = 64
+prefill_chunk = 128
 kv_budget_mb = 100
 max_body_bytes = 4096
 max_tokens = 64
@@ -366,7 +366,7 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.store.compression == 3);
     CHECK(c.serve.queue_size == 4);
     CHECK(c.serve.max_batch == 3);
-    CHECK(c.serve.prefill_chunk == 64);
+    CHECK(c.serve.prefill_chunk == 128);
     CHECK(c.serve.kv_budget_mb == 100);
     CHECK(c.output.path == "out/r.json");
     CHECK(c.output.csv == "out/r.csv");
