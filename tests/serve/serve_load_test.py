@@ -56,8 +56,9 @@ def log(*a):
 
 
 def common_sets(np, *more):
-    # A deadline far from the work (sanitizer builds run ~10x slower); the soak sets its own.
-    return [f"model.threads={2 if np == 1 else 1}", "store.path=", "parallel.timeout_s=60",
+    # Deadlines far from the work (sanitizer builds run ~10x slower: rank 1 waits out rank
+    # 0's whole `full` prefill); the soak sets its own request deadline, kill its watchdog.
+    return [f"model.threads={2 if np == 1 else 1}", "store.path=", "parallel.timeout_s=600",
             "serve.max_tokens=512", "serve.request_timeout_s=900", *more]
 
 
