@@ -12,7 +12,8 @@ Usage:
     python3 bench/quality_long_report.py \\
         --methods 2K=out/ql-methods-2k.jsonl --methods 4K=out/ql-methods-4k.jsonl \\
         --methods 8K=out/ql-methods-8k.jsonl --ratio out/ql-ratio-4k.jsonl \\
-        --ranks out/ql-ranks-4k.jsonl --variants 2K=out/ql-dev-2k.jsonl \\
+        --ranks out/ql-ranks-4k.jsonl --store out/ql-store-4k.jsonl \\
+        --variants 2K=out/ql-dev-2k.jsonl \\
         --heldout 2K=out/ql-heldout-2k.jsonl --heldout 4K=out/ql-heldout-4k.jsonl \\
         --plots bench/results --prefix quality-long-smollm2 > tables.md
 
@@ -22,6 +23,8 @@ Sections (each only when its input is given):
                        the Pareto plot <prefix>-pareto-LEN.png (mean KL against online ms);
   --ratio FILE         the ratio curve (ratio 0.05-0.5) and <prefix>-ratio.png;
   --ranks FILE         P ranks: every point against the one-rank InfoFlow point, paired;
+  --store FILE         the store against the fresh chunk prefill: every point against the
+                       first (fresh) one, paired, and the cases equal to it to the bit;
   --variants LEN=FILE  development runs of the selection variants: each against the default
                        InfoFlow point, CacheBlend and EPIC, paired, with its online-time ratio;
   --heldout LEN=FILE   the held-out confirmation and the decision rule of docs/quality.md.
@@ -229,6 +232,35 @@ def ranks_section(path):
     return md + [""]
 
 
+def store_section(path):
+    """The store against the fresh chunk prefill (docs/quality.md "The store"): every point
+    against the first, fresh one, paired, and how many cases are equal to it to the bit."""
+    pts, cases = by_point(load_all(path))
+    points = [p for p in pts if p != "full"]
+    fresh = points[0]
+    md = ["### The store against the fresh chunk prefill", "",
+          f"n = {len(cases)} cases; paired differences against the fresh point `{fresh}` "
+          "(KL: positive = farther from full; accuracy: negative = fewer answers kept).", "",
+          "| point | store | mean KL | KL − fresh | accuracy | accuracy − fresh | first-token KL "
+          "| cases equal to fresh | online ms |", "|---|---|---|---|---|---|---|---|---|"]
+    kl0 = values(pts, fresh, cases, "mean_kl")
+    acc0 = values(pts, fresh, cases, "correct")
+    for p in points:
+        r0 = pts[p][cases[0]] if cases else {}
+        kl = values(pts, p, cases, "mean_kl")
+        acc = values(pts, p, cases, "correct")
+        same = sum(pts[p][c]["mean_kl"] == pts[fresh][c]["mean_kl"] and
+                   pts[p][c]["answer"] == pts[fresh][c]["answer"] for c in cases)
+        vs_kl = "-" if p == fresh else fmt_pair(paired(kl, kl0), "%+.6f")
+        vs_acc = "-" if p == fresh else fmt_pair(paired(acc, acc0), "%+.2f")
+        store = r0.get("store", {}).get("dtype", "-")
+        md.append(f"| `{p}` | {store} | {fmt_iv(bootstrap(kl), '%.4f')} | {vs_kl} | "
+                  f"{fmt_iv(bootstrap(acc), '%.2f')} | {vs_acc} | "
+                  f"{fmt_iv(bootstrap(values(pts, p, cases, 'first_kl')), '%.4f')} | "
+                  f"{same}/{len(cases)} | {mean_of(pts, p, cases, 'online_ms'):.0f} |")
+    return md + [""]
+
+
 def variants_section(label, path):
     pts, cases = by_point(load_all(path))
     points = [p for p in pts if p != "full"]
@@ -281,6 +313,7 @@ def main():
     ap.add_argument("--methods", action="append", default=[], type=labelled)
     ap.add_argument("--ratio")
     ap.add_argument("--ranks")
+    ap.add_argument("--store")
     ap.add_argument("--variants", action="append", default=[], type=labelled)
     ap.add_argument("--heldout", action="append", default=[], type=labelled)
     ap.add_argument("--plots", default=None, help="folder for the PNGs (none: no plots)")
@@ -300,6 +333,8 @@ def main():
         md += ratio_section(args.ratio, plt, args)
     if args.ranks:
         md += ranks_section(args.ranks)
+    if args.store:
+        md += store_section(args.store)
     for label, path in args.variants:
         md += variants_section(label, path)
     if args.heldout:

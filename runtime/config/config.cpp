@@ -755,6 +755,9 @@ const std::vector<Field>& fields() {
         f.push_back(string_field("serve.api_key_env", sv, &Sv::api_key_env));
         f.push_back(bool_field("serve.allow_unauthenticated", sv, &Sv::allow_unauthenticated));
         f.push_back(int_field("serve.queue_size", sv, &Sv::queue_size, 1));
+        f.push_back(int_field("serve.max_batch", sv, &Sv::max_batch, 1, 1024));
+        f.push_back(int_field("serve.prefill_chunk", sv, &Sv::prefill_chunk, 32));
+        f.push_back(int_field("serve.kv_budget_mb", sv, &Sv::kv_budget_mb, 1));
         f.push_back(int_field("serve.max_body_bytes", sv, &Sv::max_body_bytes, 1024));
         f.push_back(int_field("serve.max_tokens", sv, &Sv::max_tokens, 1));
         f.push_back(float_field("serve.request_timeout_s", sv, &Sv::request_timeout_s, 0.001));

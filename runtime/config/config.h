@@ -242,7 +242,13 @@ struct Config {
         std::string api_key_env = "INFOFLOW_API_KEY";
         // Serve a non-loopback address without a key (never the default).
         bool allow_unauthenticated = false;
-        int queue_size = 16;             // requests waiting behind the running one (429 beyond)
+        int queue_size = 16;  // requests waiting to be admitted (429 beyond)
+        // Batching (docs/serve.md "Batching"): requests running at once (decoding together, or
+        // the one in its context work), the tokens of context work between two decode steps of
+        // the running ones, and the KV memory all running requests may hold.
+        int max_batch = 16;
+        int prefill_chunk = 64;
+        int kv_budget_mb = 4096;
         int max_body_bytes = 8 << 20;    // request body limit (413 beyond)
         int max_tokens = 1024;           // cap on a request's max_tokens (400 beyond)
         double request_timeout_s = 300;  // arrival to last token (504 beyond)

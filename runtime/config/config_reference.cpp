@@ -342,8 +342,19 @@ const std::map<std::string, std::string>& descriptions() {
         {"serve.allow_unauthenticated",
          "serve a non-loopback address without a key; never the default"},
         {"serve.queue_size",
-         "requests waiting behind the running one; a request beyond it gets 429 with "
-         "`Retry-After`"},
+         "requests waiting to be admitted (behind `serve.max_batch` running ones, or for KV "
+         "memory); a request beyond it gets 429 with `Retry-After`"},
+        {"serve.max_batch",
+         "requests running at once: decoding together, one forward over every running "
+         "request's next token per step, or in their context work (docs/serve.md \"Batching\")"},
+        {"serve.prefill_chunk",
+         "tokens of a new request's context work (chunk prefill, scoring, recompute) between two "
+         "decode steps of the running requests; long forwards are cut into pieces this long "
+         "(the same bits); at least 32"},
+        {"serve.kv_budget_mb",
+         "MiB of KV cache all running requests may hold together (rank 0's caches, a prefill "
+         "counted at its peak); a request waits until its share fits, one that could never fit "
+         "is refused (400)"},
         {"serve.max_body_bytes", "largest request body in bytes (413 beyond)"},
         {"serve.max_tokens",
          "largest `max_tokens` / `max_completion_tokens` a request may ask for (400 beyond); "

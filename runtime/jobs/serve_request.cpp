@@ -159,6 +159,32 @@ PlannedRequest plan_documents(const Config& base, const Session& s,
     return p;
 }
 
+bool decodes_on_rank0(const Config& cfg, int ranks) {
+    const Config::Method m = cfg.method.name;
+    if (m == Config::Method::ring) return false;
+    return ranks == 1 || m == Config::Method::full || cfg.parallel.exchange == Config::Exchange::kv;
+}
+
+uint64_t kv_need_bytes(const PlannedRequest& p, const Model& model, int ranks, bool documents) {
+    const ModelConfig& c = model.config();
+    const uint64_t slot = 2ull * uint64_t(c.n_layer) * uint64_t(c.n_head_kv) *
+                          uint64_t(c.head_dim) * kv_dtype_size(model.kv_dtype());
+    const uint64_t T = uint64_t(p.prepared.context_tokens());
+    const uint64_t Q = p.prepared.suffix.size();
+    const uint64_t M = uint64_t(std::max(0, p.cfg.decode.max_new_tokens));
+    if (documents) return slot * 2 * T;  // the chunks' K/V and their prefill
+    if (p.cfg.method.name == Config::Method::full) return slot * (T + Q + M);
+    uint64_t slots = T + Q + M + T;  // the cache, and the chunks until they are assembled
+    if (ranks > 1) slots += T;       // rank 0's cache keeps room for the selected tokens
+    if (p.cfg.scoring.layout != Config::Layout::global) slots += T;  // a scoring cache
+    if (p.cfg.method.reorder) slots += T;                            // reorder's scoring cache
+    return slot * slots;
+}
+
+uint64_t kv_cache_bytes(const KvCache& cache) {
+    return 2ull * uint64_t(cache.n_layer()) * uint64_t(cache.capacity()) * cache.row_bytes();
+}
+
 std::vector<uint8_t> encode_work(const Config& cfg, const PreparedRequest& req) {
     return json::to_msgpack(json{{"config", cfg.to_json()}, {"request", prepared_json(req)}});
 }

@@ -40,6 +40,21 @@ PlannedRequest plan_completion(const Config& base, const Session& s, const ChatT
 PlannedRequest plan_documents(const Config& base, const Session& s,
                               const std::vector<std::string>& documents);
 
+// Whether the request's decode runs on one cache on rank 0 -- one rank, `full`, or the "kv"
+// exchange -- so that job serve takes that cache and decodes it in its batch (RunHooks::
+// take_cache). Ring attention and the "exact" exchange decode across the ranks: such a request
+// decodes inside its pipeline, one at a time, the batch stepping between its tokens.
+bool decodes_on_rank0(const Config& cfg, int ranks);
+
+// The KV memory the request holds on rank 0 at its peak, for serve.kv_budget_mb: its cache
+// (context + prompt + max_tokens slots, and on P ranks the room kept for the selected tokens)
+// and, while its context work runs, the chunks' K/V held besides (a scoring cache too for a
+// scoring layout other than "global"); a documents request, its chunks and their prefill.
+uint64_t kv_need_bytes(const PlannedRequest& p, const Model& model, int ranks,
+                       bool documents = false);
+// Bytes of a cache as allocated (every slot of its capacity, K and V of every layer).
+uint64_t kv_cache_bytes(const KvCache& cache);
+
 // Wire form of a request for the other ranks (msgpack of the config's JSON and the tokens).
 std::vector<uint8_t> encode_work(const Config& cfg, const PreparedRequest& req);
 void decode_work(const std::vector<uint8_t>& bytes, Config* cfg, PreparedRequest* req);

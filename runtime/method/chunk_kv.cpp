@@ -2,6 +2,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/core/memory.h"
+#include "runtime/core/pieces.h"
 
 namespace infoflow {
 
@@ -31,8 +32,9 @@ ChunkKv chunk_shadow(const std::vector<int32_t>& tokens, const ChunkSequence& cs
     return out;
 }
 
-// Runs the chunk's sequence through every layer in `cache` (cleared first); after layer l,
-// `layer_done(l)` sees the layer's K/V in slots [lead, lead + n).
+// Runs the chunk's sequence through every layer in `cache` (cleared first), in row pieces of at
+// most piece_rows() rows (one piece outside job serve; the same bits either way, pieces.h); then
+// `layer_done(l)` sees each layer's K/V in slots [lead, lead + n).
 template <typename LayerDone>
 void run_chunk(Model& model, const ChunkSequence& cs, KvCache& cache, LayerDone&& layer_done) {
     const ModelConfig& c = model.config();
@@ -41,15 +43,20 @@ void run_chunk(Model& model, const ChunkSequence& cs, KvCache& cache, LayerDone&
     IF_CHECK(cache.capacity() >= m,
              "chunk prefill: a scratch cache of " << cache.capacity() << " slots for " << m);
     cache.clear();
-    const int first = cache.append(m, cs.pos.data(), nullptr);
-    std::vector<int32_t> slots(m);
-    for (int i = 0; i < m; ++i) slots[i] = first + i;
     Buffer hidden = be.alloc_floats(size_t(m) * c.n_embd);
-    model.embed(cs.seq.data(), m, hidden.data());
-    for (int l = 0; l < c.n_layer; ++l) {
-        model.layer_forward(l, hidden.data(), m, cs.pos.data(), nullptr, slots.data(), cache);
-        layer_done(l);
+    for (const auto& [a, b] : piece_ranges(m)) {
+        // Each piece's slots are appended as it runs: its rows attend over written keys only.
+        const int first = cache.append(b - a, cs.pos.data() + a, nullptr);
+        std::vector<int32_t> slots(size_t(b - a));
+        for (int i = 0; i < b - a; ++i) slots[size_t(i)] = first + i;
+        float* h = hidden.data() + size_t(a) * c.n_embd;
+        model.embed(cs.seq.data() + a, b - a, h);
+        for (int l = 0; l < c.n_layer; ++l) {
+            model.layer_forward(l, h, b - a, cs.pos.data() + a, nullptr, slots.data(), cache);
+        }
+        piece_done(b - a);
     }
+    for (int l = 0; l < c.n_layer; ++l) layer_done(l);
 }
 
 // Writes one layer of n rows (K post-RoPE at their local positions, both in the cache's type)

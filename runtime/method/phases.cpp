@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "runtime/core/error.h"
+#include "runtime/core/pieces.h"
 #include "runtime/method/selection.h"
 
 namespace infoflow {
@@ -118,6 +119,20 @@ std::vector<int> epic_select(const Config& cfg, const std::vector<int>& chunk_id
                              const std::vector<int>& chunk_size) {
     return epic_selection(chunk_id, chunk_begin, chunk_size,
                           cfg.epic.mode == Config::EpicMode::fixed, cfg.method.ratio, cfg.epic.k);
+}
+
+std::vector<float> forward_in_pieces(Model& model, KvCache& cache,
+                                     const std::vector<int32_t>& tokens,
+                                     const std::vector<int32_t>& pos) {
+    IF_CHECK(pos.size() == tokens.size(),
+             "forward: " << tokens.size() << " tokens but " << pos.size() << " positions");
+    std::vector<float> logits;
+    for (const auto& [a, b] : piece_ranges(int(tokens.size()))) {
+        logits = model.forward(cache, std::vector<int32_t>(tokens.begin() + a, tokens.begin() + b),
+                               std::vector<int32_t>(pos.begin() + a, pos.begin() + b));
+        piece_done(b - a);
+    }
+    return logits;
 }
 
 std::vector<float> prefill_suffix(Model& model, KvCache& cache, const PreparedRequest& req,

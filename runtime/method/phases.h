@@ -64,6 +64,13 @@ std::vector<int> epic_select(const Config& cfg, const std::vector<int>& chunk_id
                              const std::vector<int>& chunk_begin,
                              const std::vector<int>& chunk_size);
 
+// `tokens` at `pos` appended to `cache` and run through every layer in row pieces of at most
+// piece_rows() rows (one forward outside job serve; the same bits either way, pieces.h), each
+// piece reported to piece_done; returns the logits after the last token ([n_vocab]).
+std::vector<float> forward_in_pieces(Model& model, KvCache& cache,
+                                     const std::vector<int32_t>& tokens,
+                                     const std::vector<int32_t>& pos);
+
 // Phase 4 on one cache (§3.6): the suffix at positions T.. (visibility group `group`, -1 none)
 // over the finished cache; returns the first-token logits [n_vocab].
 std::vector<float> prefill_suffix(Model& model, KvCache& cache, const PreparedRequest& req,

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "runtime/core/error.h"
+#include "runtime/core/pieces.h"
 #include "runtime/core/progress.h"
 #include "runtime/method/chunk_kv.h"
 #include "runtime/method/chunk_store.h"
@@ -56,11 +57,14 @@ MethodResult run_full(Model& model, const PreparedRequest& req, const Config& cf
     const std::vector<int32_t> seq = req.full_sequence();
     std::vector<int32_t> pos(seq.size());
     std::iota(pos.begin(), pos.end(), 0);
-    r.first_logits = model.forward(cache, seq, pos);
+    r.first_logits = forward_in_pieces(model, cache, seq, pos);
     clock.mark("prefill");
     r.ttft_ms = sum_ms(r.phases);
     r.chunk_order = identity_order(req.n_chunks());
-    if (!hooks.before_decode || hooks.before_decode(cache, r)) {
+    if (hooks.take_cache) {
+        hooks.take_cache(std::move(cache), -1, r);
+        clock.mark("decode");  // empty: the caller decodes
+    } else if (!hooks.before_decode || hooks.before_decode(cache, r)) {
         GenerateOptions gen = generate_options(cfg, stop_ids);
         gen.on_token = hooks.on_token;
         decode_answer(model, cache, gen, r);
@@ -282,7 +286,7 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     // reform, h2o, streamingllm read contexts longer than the model's window (reform.h); they
     // have no chunk phase to share and no hook points yet.
     if (is_long_context_method(cfg.method.name)) {
-        IF_CHECK(!hooks.sweep_hooks() && !hooks.on_token,
+        IF_CHECK(!hooks.sweep_hooks() && !hooks.on_token && !hooks.take_cache,
                  "method.name = \"" << to_string(cfg.method.name)
                                     << "\": shared chunks and decode hooks (job sweep's "
                                        "fidelity, job serve's streaming) are not implemented "
@@ -340,6 +344,7 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
         assemble_context(model, req, cfg, chunks, r.chunk_order, keep_chunks ? nullptr : &own);
     const Selection s = score_and_select(model, req, cfg, chunks, x);
     if (cfg.method.name != Config::Method::none) clock.mark("scoring");
+    piece_done(double(req.suffix.size()));  // the scoring rows' pass (job serve, pieces.h)
     recompute(model, x, s);
     clock.mark("recompute");
     for (int j : s.selected) r.selected_positions.push_back(x.gpos[j]);
@@ -357,10 +362,18 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
                                   r.first_logits, *hooks.forced_ref, gen.group);
         if (hooks.on_forced && !hooks.on_forced(rows, r)) return r;
     }
-    if (hooks.before_decode && !hooks.before_decode(x.cache, r)) return r;
-    decode_answer(model, x.cache, gen, r);
-    clock.mark("decode");
-    if (hooks.after_decode) hooks.after_decode(x.cache, r);
+    if (hooks.before_decode && !hooks.before_decode(x.cache, r)) {
+        if (!hooks.chunks) save_to_store(source, chunks, r);  // the store's use, as below
+        return r;
+    }
+    if (hooks.take_cache) {
+        hooks.take_cache(std::move(x.cache), gen.group, r);
+        clock.mark("decode");  // empty: the caller decodes
+    } else {
+        decode_answer(model, x.cache, gen, r);
+        clock.mark("decode");
+        if (hooks.after_decode) hooks.after_decode(x.cache, r);
+    }
     if (hooks.chunks) return r;        // phase 1 and its store accounting belong to the caller
     save_to_store(source, chunks, r);  // store.mode = "read-write": after the answer
     if (source.uses_store() && cfg.store.mode == Config::StoreMode::read_write) {

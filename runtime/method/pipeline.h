@@ -94,6 +94,15 @@ struct RunHooks {
     // Sees every answer token as it is sampled; false ends the decode there (generate.h). The
     // one hook the distributed pipelines take too (runtime/parallel/run.h; rank 0 calls it).
     TokenCallback on_token;
+    // Job serve's batch (docs/serve.md "Batching"): where the decode runs on one cache (one
+    // rank, `full`, and rank 0 of the "kv" exchange), called after the suffix prefill (with
+    // r.first_logits set) instead of the decode: it takes the finished prompt -- the cache,
+    // moved out, whose first context_tokens + suffix_tokens positions are the prompt -- and
+    // decodes it itself, batched with other requests, its rows in visibility group `group`
+    // (-1 none; 0 on emulated ranks, as the decode's). The run then ends as after a decode (the
+    // store is written); its "decode" phase is empty, for the caller to fill in. Not with
+    // "exact" or ring attention, whose decode needs every rank.
+    std::function<void(KvCache&& cache, int32_t group, MethodResult& r)> take_cache;
     // Teacher forcing inside a sequence-parallel run (run_method_sp; job sweep on virtual
     // ranks), where no one rank's cache is the prompt: the tokens of `forced_ref` are fed after
     // the prompt (over rank 0's cache in "kv", across the ranks in "exact") and their rows of

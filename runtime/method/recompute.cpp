@@ -1,6 +1,7 @@
 #include "runtime/method/recompute.h"
 
 #include "runtime/core/error.h"
+#include "runtime/core/pieces.h"
 
 namespace infoflow {
 
@@ -24,6 +25,7 @@ void recompute_selected(Model& model, KvCache& cache, const std::vector<int32_t>
     for (int l = first_layer; l < c.n_layer; ++l) {
         model.layer_forward(l, h.data(), n, pos.data(), group ? group->data() : nullptr,
                             slots.data(), cache);
+        piece_done(double(n) / c.n_layer);  // a layer at a time (job serve, pieces.h)
     }
 }
 

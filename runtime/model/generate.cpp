@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "runtime/core/error.h"
+#include "runtime/model/batch_decode.h"
 
 namespace infoflow {
 
@@ -17,32 +18,14 @@ std::vector<float> decode_step(Model& model, KvCache& cache, int32_t token, int3
 
 GenerateResult generate(Model& model, KvCache& cache, const std::vector<float>& first_logits,
                         int32_t next_pos, const GenerateOptions& opt) {
-    GenerateResult r;
-    if (opt.max_new_tokens <= 0) return r;
-    const int n_vocab = model.config().n_vocab;
-    IF_CHECK(int(first_logits.size()) == n_vocab,
-             "generate: logits of size " << first_logits.size() << ", expected " << n_vocab);
-    Sampler sampler(opt.sampling);
-    std::vector<float> logits = first_logits;
     const auto t0 = std::chrono::steady_clock::now();
+    Generator g(model, first_logits, next_pos, opt);
     const Model::DecodeScope decoding(model);
-    for (int step = 0; step < opt.max_new_tokens; ++step) {
-        const int32_t tok = sampler.sample(logits.data(), n_vocab);
-        if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), tok) != opt.stop_ids.end()) {
-            r.stopped = true;
-            break;
-        }
-        r.tokens.push_back(tok);
-        if (opt.on_token && !opt.on_token(tok)) {
-            r.cancelled = true;
-            break;
-        }
-        if (step + 1 == opt.max_new_tokens) break;
-        IF_CHECK(next_pos < model.config().n_ctx_train,
-                 "decode position " << next_pos << " exceeds the model's "
-                                    << model.config().n_ctx_train << " positions");
-        logits = decode_step(model, cache, tok, next_pos++, opt.group);
+    while (g.sample()) {
+        const std::vector<float> logits = decode_step(model, cache, g.token(), g.pos(), opt.group);
+        g.set_logits(logits.data());
     }
+    GenerateResult r = g.result();
     r.decode_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return r;

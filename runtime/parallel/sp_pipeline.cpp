@@ -3,6 +3,7 @@
 #include "runtime/parallel/sp_pipeline.h"
 
 #include "runtime/core/error.h"
+#include "runtime/core/pieces.h"
 #include "runtime/method/chunk_store.h"
 #include "runtime/method/phases.h"
 #include "runtime/parallel/phase_clock.h"
@@ -47,6 +48,10 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
                  (cfg.store.path.empty() && cfg.parallel.placement == Config::Placement::chunks),
              "shared chunks (job sweep) with store.path or parallel.placement = \"tokens\" "
              "on P ranks are not implemented yet");
+    IF_CHECK(!hooks.take_cache || (cfg.parallel.exchange == Config::Exchange::kv &&
+                                   !hooks.forced_ref && !hooks.on_forced),
+             "taking the prompt cache (job serve's batched decode) with parallel.exchange = "
+             "\"exact\" or teacher forcing is not implemented yet");
     // parallel.placement = "tokens": chunks cut at the even shard edges of these P ranks (§5.1)
     const PreparedRequest req = place_request(req_in, cfg, comm.size());
     const bool exact = cfg.parallel.exchange == Config::Exchange::exact;
@@ -72,6 +77,7 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     clock.begin("scoring");  // 2. identical selection on every rank
     const SpSelection sel = score_and_select(model, comm, req, cfg, sh, p.cache);
     clock.end();
+    piece_done(double(req.suffix.size()));  // the scoring rows' pass (job serve, pieces.h)
 
     clock.begin("recompute");  // 3. per layer, in the exchange mode
     if (exact) {
@@ -98,8 +104,10 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
         comm.broadcast(&go, sizeof(go), 0);
         decode = go != 0;
     }
-    clock.begin("decode");
-    if (decode && exact) {
+    clock.begin("decode");  // every rank has the phase, its rows gathered below
+    if (hooks.take_cache) {
+        hooks.take_cache(std::move(p.cache), -1, r);  // rank 0's cache is the prompt
+    } else if (decode && exact) {
         decode_exact(model, comm, cfg, stop_ids, sh, p.cache, r, hooks.on_token);
     } else if (decode) {
         decode_kv(model, comm, cfg, stop_ids, p.cache, r, hooks.on_token);

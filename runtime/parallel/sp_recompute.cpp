@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "runtime/core/pieces.h"
 #include "runtime/parallel/comm_stage.h"
 #include "runtime/parallel/dist_attention.h"
 #include "runtime/parallel/recompute_balance.h"
@@ -563,6 +564,7 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
         partial_attention(be, ap, b.q.data(), x.pos.data(), x.n_kept, b.out.data(), nullptr);
         if (any_moved) moved_attention(be, comm, c, cache, sh, l, x, b, keys, ap);
         model.layer_post(l, b.h.data(), b.out.data(), x.n);
+        piece_done(double(x.n) / c.n_layer);  // a layer at a time (job serve, pieces.h)
     }
 }
 
@@ -586,6 +588,7 @@ void recompute_exact(Model& model, Communicator& comm, const PreparedRequest& re
         pass_q_attention(comm, be, local, o.q.data(), o.pos.data(), o.n, o.out.data(),
                          o.lse.data());
         model.layer_post(l, o.h.data(), o.out.data(), o.n);
+        piece_done(double(o.n) / c.n_layer);
     }
 }
 

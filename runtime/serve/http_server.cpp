@@ -4,8 +4,14 @@
 #include "runtime/serve/http_server.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "runtime/core/error.h"
@@ -99,6 +105,56 @@ ApiError library_error(int status, size_t max_body) {
     }
 }
 
+int port_of(const sockaddr_storage& a) {
+    return int(ntohs(a.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(a).sin6_port
+                                             : reinterpret_cast<const sockaddr_in&>(a).sin_port));
+}
+
+std::string address_of(const sockaddr_storage& a) {
+    char buf[INET6_ADDRSTRLEN] = {0};
+    const void* src =
+        a.ss_family == AF_INET6
+            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr)
+            : static_cast<const void*>(&reinterpret_cast<const sockaddr_in&>(a).sin_addr);
+    return ::inet_ntop(a.ss_family, src, buf, sizeof buf) ? std::string(buf) : std::string();
+}
+
+// The connection a request came on, as this process's socket: found by its two ends (the
+// library does not hand handlers the socket). -1 when none matches.
+int connection_socket(const httplib::Request& req) {
+    DIR* d = ::opendir("/proc/self/fd");
+    if (d == nullptr) return -1;
+    int found = -1;
+    while (const dirent* e = ::readdir(d)) {
+        const int fd = std::atoi(e->d_name);
+        struct stat st {};
+        if (fd <= 2 || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+        sockaddr_storage local{}, peer{};
+        socklen_t ln = sizeof local, pn = sizeof peer;
+        if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ln) != 0 ||
+            ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pn) != 0) {
+            continue;
+        }
+        if (port_of(local) == req.local_port && port_of(peer) == req.remote_port &&
+            address_of(peer) == req.remote_addr) {
+            found = fd;
+            break;
+        }
+    }
+    ::closedir(d);
+    return found;
+}
+
+// Whether the client closed its end (or the connection broke): an orderly close reads as EOF.
+bool peer_closed(int fd) {
+    if (fd < 0) return false;
+    pollfd p{fd, POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
+    char c;
+    return ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 }  // namespace
 
 bool is_loopback_host(const std::string& host) {
@@ -143,11 +199,13 @@ struct HttpFrontend::Impl {
         }
     }
 
-    // The task's final event (its chunks are skipped: a non-streamed request gets none).
-    Task::Event wait_final(Task& t) {
+    // The task's final event (its chunks are skipped: a non-streamed request gets none). A
+    // client that closes its connection meanwhile cancels the task (noticed within a poll).
+    Task::Event wait_final(Task& t, int fd) {
         for (;;) {
-            std::optional<Task::Event> e = t.next(std::chrono::milliseconds(200));
+            std::optional<Task::Event> e = t.next(k_poll);
             if (e && e->type != Task::Event::Type::chunk) return *e;
+            if (!t.cancelled() && peer_closed(fd)) t.cancel();
         }
     }
 
@@ -159,12 +217,16 @@ struct HttpFrontend::Impl {
         }
     }
 
-    void stream(const std::shared_ptr<Task>& task, httplib::Response& res) {
+    void stream(const std::shared_ptr<Task>& task, int fd, httplib::Response& res) {
         ++streams;
         // The status goes out with the first event: an error before the first token still
-        // gets its own status (429s and 400s were answered before queueing).
+        // gets its own status (429s and 400s were answered before queueing). A client that
+        // closes its connection meanwhile cancels the task (noticed within a poll).
         std::optional<Task::Event> first;
-        while (!first) first = task->next(std::chrono::milliseconds(200));
+        while (!first) {
+            first = task->next(k_poll);
+            if (!first && !task->cancelled() && peer_closed(fd)) task->cancel();
+        }
         if (first->type == Task::Event::Type::error) {
             answer_final(*first, res);
             --streams;
@@ -210,17 +272,19 @@ struct HttpFrontend::Impl {
             [this](bool) { --streams; });  // the response is written (or abandoned)
     }
 
-    void completion(Endpoint ep, const httplib::ContentReader& reader, httplib::Response& res) {
+    void completion(Endpoint ep, const httplib::Request& req, const httplib::ContentReader& reader,
+                    httplib::Response& res) {
         try {
             const std::string body = read_body(reader, opt.max_body_bytes, res);
             CompletionRequest r = parse_completion_request(ep, body, opt.limits);
             const bool streamed = r.stream;
             std::shared_ptr<Task> task = backend.make_completion(std::move(r));
             enqueue(task);
+            const int fd = connection_socket(req);
             if (streamed) {
-                stream(task, res);
+                stream(task, fd, res);
             } else {
-                answer_final(wait_final(*task), res);
+                answer_final(wait_final(*task, fd), res);
             }
         } catch (const ApiError& e) {
             send_error(res, e);
@@ -233,7 +297,7 @@ struct HttpFrontend::Impl {
             std::vector<std::string> docs = parse_documents_request(body, opt.limits);
             std::shared_ptr<Task> task = backend.make_documents(std::move(docs));
             enqueue(task);
-            answer_final(wait_final(*task), res);
+            answer_final(wait_final(*task, -1), res);
         } catch (const ApiError& e) {
             send_error(res, e);
         }
@@ -273,12 +337,12 @@ struct HttpFrontend::Impl {
                                   : httplib::Server::HandlerResponse::Unhandled;
         });
         svr.Post("/v1/chat/completions",
-                 [this](const Request&, Response& res, const ContentReader& reader) {
-                     completion(Endpoint::chat, reader, res);
+                 [this](const Request& req, Response& res, const ContentReader& reader) {
+                     completion(Endpoint::chat, req, reader, res);
                  });
         svr.Post("/v1/completions",
-                 [this](const Request&, Response& res, const ContentReader& reader) {
-                     completion(Endpoint::completion, reader, res);
+                 [this](const Request& req, Response& res, const ContentReader& reader) {
+                     completion(Endpoint::completion, req, reader, res);
                  });
         svr.Post("/v1/documents", [this](const Request&, Response& res,
                                          const ContentReader& reader) { documents(reader, res); });

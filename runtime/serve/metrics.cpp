@@ -20,7 +20,12 @@ std::vector<double> latency_bounds() {
     return {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
 
-void header(std::ostringstream& os, const std::string& name, const char* type, const char* help) {
+// Per-token and per-step buckets in seconds: 1 ms to 10 s.
+std::vector<double> step_bounds() {
+    return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+}
+
+void header(std::ostream& os, const std::string& name, const char* type, const char* help) {
     os << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
 }
 
@@ -50,7 +55,11 @@ std::string Histogram::render(const std::string& name) const {
 }
 
 Metrics::Metrics()
-    : ttft_(latency_bounds()), e2e_(latency_bounds()), pipeline_ttft_(latency_bounds()) {}
+    : ttft_(latency_bounds()),
+      e2e_(latency_bounds()),
+      pipeline_ttft_(latency_bounds()),
+      step_(step_bounds()),
+      itl_(step_bounds()) {}
 
 void Metrics::count_request(const std::string& route, int status) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -102,6 +111,75 @@ void Metrics::set_ready(bool ready, int ranks) {
     ranks_ = ranks;
 }
 
+void Metrics::set_running(int running, int max_batch) {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = running;
+    max_batch_ = max_batch;
+}
+
+void Metrics::set_kv(uint64_t in_use_bytes, uint64_t limit_bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_in_use_ = in_use_bytes;
+    kv_limit_ = limit_bytes;
+}
+
+void Metrics::observe_decode_step(double s, int rows, bool in_prefill) {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_.observe(s);
+    ++steps_;
+    step_rows_ += uint64_t(rows);
+    batch_size_ = rows;
+    if (in_prefill) ++prefill_steps_;
+}
+
+void Metrics::observe_inter_token(double s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    itl_.observe(s);
+}
+
+Metrics::Load Metrics::load() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    Load l;
+    l.running = running_;
+    l.waiting = queue_depth_;
+    l.batch_size = batch_size_;
+    l.max_batch = max_batch_;
+    l.kv_in_use = kv_in_use_;
+    l.kv_limit = kv_limit_;
+    return l;
+}
+
+void Metrics::render_batching(std::ostream& os) const {
+    header(os, "infoflow_requests_running", "gauge",
+           "requests admitted: decoding, or in their context work");
+    os << "infoflow_requests_running " << running_ << "\n";
+    header(os, "infoflow_requests_waiting", "gauge", "requests queued, not yet admitted");
+    os << "infoflow_requests_waiting " << queue_depth_ << "\n";
+    header(os, "infoflow_max_batch", "gauge", "serve.max_batch");
+    os << "infoflow_max_batch " << max_batch_ << "\n";
+    header(os, "infoflow_batch_size", "gauge", "requests in the last decode step");
+    os << "infoflow_batch_size " << batch_size_ << "\n";
+    header(os, "infoflow_kv_bytes_in_use", "gauge",
+           "KV memory held by the running requests on rank 0 (a prefill at its peak)");
+    os << "infoflow_kv_bytes_in_use " << kv_in_use_ << "\n";
+    header(os, "infoflow_kv_bytes_limit", "gauge", "serve.kv_budget_mb in bytes");
+    os << "infoflow_kv_bytes_limit " << kv_limit_ << "\n";
+    header(os, "infoflow_decode_step_seconds", "histogram",
+           "time of one decode step over every decoding request");
+    os << step_.render("infoflow_decode_step_seconds");
+    header(os, "infoflow_decode_steps_total", "counter", "decode steps");
+    os << "infoflow_decode_steps_total " << steps_ << "\n";
+    header(os, "infoflow_decode_rows_total", "counter",
+           "request rows over all decode steps (rows / steps = the mean batch size)");
+    os << "infoflow_decode_rows_total " << step_rows_ << "\n";
+    header(os, "infoflow_decode_steps_in_prefill_total", "counter",
+           "decode steps run between two pieces of a request's context work");
+    os << "infoflow_decode_steps_in_prefill_total " << prefill_steps_ << "\n";
+    header(os, "infoflow_inter_token_latency_seconds", "histogram",
+           "time between two consecutive tokens of a request");
+    os << itl_.render("infoflow_inter_token_latency_seconds");
+}
+
 std::string Metrics::render() const {
     std::lock_guard<std::mutex> lock(mu_);
     std::ostringstream os;
@@ -134,8 +212,9 @@ std::string Metrics::render() const {
         os << "infoflow_cancelled_total{reason=\"" << r << "\"} "
            << (it == cancels_.end() ? 0 : it->second) << "\n";
     }
-    header(os, "infoflow_queue_depth", "gauge", "requests waiting behind the running one");
+    header(os, "infoflow_queue_depth", "gauge", "requests queued, not yet admitted");
     os << "infoflow_queue_depth " << queue_depth_ << "\n";
+    render_batching(os);
     header(os, "infoflow_queue_capacity", "gauge", "serve.queue_size");
     os << "infoflow_queue_capacity " << queue_capacity_ << "\n";
     header(os, "infoflow_store_hits_total", "counter",

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <mutex>
 #include <string>
@@ -44,15 +45,35 @@ class Metrics {
     void set_ready(bool ready, int ranks);
     // A request's pipeline TTFT (the `answer` job's measure, queue excluded).
     void observe_pipeline_ttft(double s);
+    // Batching (docs/serve.md "Batching"): the requests admitted (running: decoding or in their
+    // context work) and serve.max_batch; the KV memory they hold and serve.kv_budget_mb.
+    void set_running(int running, int max_batch);
+    void set_kv(uint64_t in_use_bytes, uint64_t limit_bytes);
+    // One decode step over `rows` requests that took `s` seconds; `in_prefill`: run between two
+    // pieces of a request's context work.
+    void observe_decode_step(double s, int rows, bool in_prefill);
+    // The time between two tokens of one request, as the server produced them.
+    void observe_inter_token(double s);
+    // The gauges /health repeats: running, waiting, the last step's batch size, KV in use.
+    struct Load {
+        int running = 0, waiting = 0, batch_size = 0, max_batch = 0;
+        uint64_t kv_in_use = 0, kv_limit = 0;
+    };
+    Load load() const;
 
     std::string render() const;
 
   private:
+    void render_batching(std::ostream& os) const;  // mu_ held
+
     mutable std::mutex mu_;
     std::map<std::pair<std::string, int>, uint64_t> requests_;
     std::map<std::string, uint64_t> cancels_;
     std::map<std::string, std::pair<uint64_t, uint64_t>> bytes_;  // phase -> sent, received
-    Histogram ttft_, e2e_, pipeline_ttft_;
+    Histogram ttft_, e2e_, pipeline_ttft_, step_, itl_;
+    uint64_t steps_ = 0, step_rows_ = 0, prefill_steps_ = 0;
+    int running_ = 0, max_batch_ = 0, batch_size_ = 0;
+    uint64_t kv_in_use_ = 0, kv_limit_ = 0;
     uint64_t prompt_tokens_ = 0, completion_tokens_ = 0;
     uint64_t store_hits_ = 0, store_misses_ = 0, store_added_ = 0;
     int queue_depth_ = 0, queue_capacity_ = 0;

@@ -16,6 +16,12 @@ double Task::seconds_since_arrival() const {
     return std::chrono::duration<double>(Clock::now() - arrival_).count();
 }
 
+void Task::cancel() {
+    Clock::rep none = 0;
+    cancelled_at_.compare_exchange_strong(none, Clock::now().time_since_epoch().count());
+    cancelled_ = true;
+}
+
 void Task::push(Event e) {
     {
         std::lock_guard<std::mutex> lock(mu_);
@@ -111,7 +117,7 @@ int TaskQueue::depth() const {
 
 int TaskQueue::retry_after_s() const {
     std::lock_guard<std::mutex> lock(mu_);
-    const double s = mean_service_s_ * double(q_.size() + 1);
+    const double s = mean_service_s_ * double(q_.size() + 1) / double(std::max(1, parallel_));
     return int(std::clamp(std::ceil(s), 1.0, 60.0));
 }
 

@@ -343,6 +343,11 @@ jsonl)
     ;;
 qualitylong)
     n=0
+    # The store points' files (configs/quality-long-store-4k-smollm2.toml writes them under
+    # out/): those this run creates are removed at the end.
+    stores_before="$(ls -d out/ql-store-* 2>/dev/null)"
+    trap 'for f in out/ql-store-*; do [ -e "$f" ] && ! grep -qxF "$f" <<< "$stores_before" \
+          && rm -rf "$f"; done; rm -rf "$tmp"' EXIT
     for cfg in configs/quality-long-*.toml; do
         name="$(basename "$cfg" .toml)"
         "$bin" --config "$cfg" --set sweep.cases=2 --set sweep.full_correct_only=false \
@@ -366,13 +371,14 @@ print(f"ok: {sys.argv[1].rsplit('/', 1)[-1]}: {len(r['points'])} points x 2 case
 PY
         n=$((n + 1))
     done
-    [ "$n" -ge 7 ] || fail "expected at least 7 configs/quality-long-*.toml, found $n"
+    [ "$n" -ge 8 ] || fail "expected at least 8 configs/quality-long-*.toml, found $n"
     # The report of bench/results/quality-long-smollm2.md runs on those results: every section,
     # the plots, and the held-out verdict (which needs both 2K and 4K).
     q="$tmp/quality-long"
     rep=(python3 bench/quality_long_report.py --plots "$tmp/plots" --prefix ql
          --methods "2K=$q-methods-2k-smollm2.json" --ratio "$q-ratio-4k-smollm2.json"
-         --ranks "$q-ranks-4k-smollm2.json" --variants "2K=$q-dev-2k-smollm2.json")
+         --ranks "$q-ranks-4k-smollm2.json" --store "$q-store-4k-smollm2.json"
+         --variants "2K=$q-dev-2k-smollm2.json")
     "${rep[@]}" --heldout "2K=$q-methods-2k-smollm2.json" > "$tmp/report1.md" 2>&1 \
         || { cat "$tmp/report1.md"; fail "quality_long_report.py"; }
     grep -q "No verdict: the rule needs the held-out runs at 2K and at 4K" "$tmp/report1.md" \
@@ -380,6 +386,7 @@ PY
     "${rep[@]}" --heldout "2K=$q-methods-2k-smollm2.json" --heldout "4K=$q-methods-4k-smollm2.json" \
         > "$tmp/report2.md" 2>&1 || { cat "$tmp/report2.md"; fail "quality_long_report.py"; }
     for s in "### 2K: methods at ratio 0.15" "### Held-out confirmation" \
+             "### The store against the fresh chunk prefill" \
              "Development set, 2K" "\`scoring.layers=\[2, 3, 4, 5\]\`: \(passes\|does not pass\)"; do
         grep -q "$s" "$tmp/report2.md" || { cat "$tmp/report2.md"; fail "report: no '$s'"; }
     done

@@ -197,6 +197,9 @@ api_key = "k3y"
 api_key_env = "MY_KEY"
 allow_unauthenticated = true
 queue_size = 4
+max_batch = 3
+prefill_chunk = 128
+kv_budget_mb = 100
 max_body_bytes = 4096
 max_tokens = 64
 request_timeout_s = 10.0
@@ -361,6 +364,10 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.store.mode == C::StoreMode::read_write);
     CHECK(c.store.dtype == C::StoreDType::f32);
     CHECK(c.store.compression == 3);
+    CHECK(c.serve.queue_size == 4);
+    CHECK(c.serve.max_batch == 3);
+    CHECK(c.serve.prefill_chunk == 128);
+    CHECK(c.serve.kv_budget_mb == 100);
     CHECK(c.output.path == "out/r.json");
     CHECK(c.output.csv == "out/r.csv");
     CHECK(c.output.name == "r");
@@ -504,6 +511,12 @@ TEST_CASE("out-of-range values and bad enum names", "[cpu][config]") {
           "serve.port at x.toml:2: must be in [0, 65535], got 70000");
     CHECK(error_of([] { parse("[serve]\nhost = \"\"\n"); }) ==
           "serve.host at x.toml:2: must not be empty");
+    CHECK(error_of([] { parse("[serve]\nmax_batch = 0\n"); }) ==
+          "serve.max_batch at x.toml:2: must be in [1, 1024], got 0");
+    CHECK(error_of([] { parse("[serve]\nprefill_chunk = 16\n"); }) ==
+          "serve.prefill_chunk at x.toml:2: must be >= 32, got 16");
+    CHECK(error_of([] { parse("[serve]\nkv_budget_mb = 0\n"); }) ==
+          "serve.kv_budget_mb at x.toml:2: must be >= 1, got 0");
 
     CHECK(error_of([] { parse("\n[method]\nname = \"infoflw\"\n"); }) ==
           "method.name at x.toml:3: 'infoflw' is not one of "

@@ -525,7 +525,8 @@ def limits_rows(a, failures):
     waits, a third gets 429; the deadline ends both running ones (504; in the stream, an error
     event and no [DONE])."""
     srv = Server(a.bin, a.mpiexec, a.np, CONFIG, common_sets(a.np) + [
-        "serve.queue_size=1", "serve.request_timeout_s=2", "serve.max_tokens=4096"])
+        "serve.queue_size=1", "serve.max_batch=1", "serve.request_timeout_s=2",
+        "serve.max_tokens=4096"])
     # 4000 tokens: far past the deadline on any machine (200 finished within 2 s on a fast one).
     long_req = dict(LONG, max_tokens=4000)
     rows = []

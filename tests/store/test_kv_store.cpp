@@ -1,7 +1,8 @@
 // The document KV store on real HDF5 files (docs/design.md §8): round trips per dtype against an
 // independent prefill, the phase-1 chunk source (load = prefill, read-write adds), content keys,
 // refusal of a store written for another model / tokenizer / dtype (naming the file and the
-// attribute), a flipped byte inside a K dataset detected and named, and writer serialization.
+// attribute), a flipped byte inside a K dataset detected and named, writer serialization, and
+// job sweep's store points (the store path against the fresh chunk prefill).
 // The fault tests that need processes (kill -9, concurrent builds, a full file system, h5py)
 // are tests/store/store_cli_test.sh.
 #include <catch2/catch.hpp>
@@ -12,7 +13,10 @@
 #include <thread>
 
 #include "runtime/core/error.h"
+#include "runtime/core/fs.h"
 #include "runtime/core/half.h"
+#include "runtime/jobs/jobs.h"
+#include "runtime/jobs/session.h"
 #include "runtime/method/chunk_store.h"
 #include "runtime/store/kv_store.h"
 #include "tests/method/method_fixture.h"
@@ -282,4 +286,49 @@ TEST_CASE("store: concurrent writers serialize and lose nothing", "[cpu][store]"
         CHECK(reader->contains(d.key));
         CHECK(reader->load(d.key, d.tokens).k.size() == size_t(tm.w.config.n_layer));
     }
+}
+
+TEST_CASE("store: a sweep's store points, documents cached one by one, match the fresh prefill",
+          "[store][quality][model]") {
+    // The measurement of docs/quality.md "The store" in small: the same cases through InfoFlow on
+    // the fresh chunk prefill and with every document loaded from a store. An f32 store holds
+    // the fresh chunks' bits, so its rows are the fresh point's exactly; an f16 store rounds
+    // them once (the cache here is f32), which must show (else the store was not read).
+    const std::string model = INFOFLOW_MODEL_PATH;
+    REQUIRE(std::ifstream(model).good());
+    Config cfg;
+    cfg.job = Config::Job::sweep;
+    cfg.model.path = model;
+    cfg.decode.max_new_tokens = 6;
+    cfg.sweep.cases = 2;
+    cfg.sweep.kinds = {"facts", "niah"};
+    cfg.sweep.documents = 3;
+    cfg.sweep.context_tokens = 160;
+    const std::string f32 = fresh_path("sweep_f32"), f16 = fresh_path("sweep_f16");
+    cfg.sweep.points = {"method.name=infoflow",
+                        "method.name=infoflow; store.path=" + f32 + "; store.dtype=f32",
+                        "method.name=infoflow; store.path=" + f16 + "; store.dtype=f16"};
+    std::unique_ptr<Session> s = open_session(cfg);
+    const nlohmann::json out = run_sweep(cfg, *s);
+    const auto& rows = out["rows"];
+    REQUIRE(rows.size() == 8);  // per case: full, then the 3 points
+    for (int c = 0; c < 2; ++c) {
+        const auto& fresh = rows[c * 4 + 1];
+        const auto& st32 = rows[c * 4 + 2];
+        const auto& st16 = rows[c * 4 + 3];
+        CAPTURE(c, fresh["mean_kl"], st32["mean_kl"], st16["mean_kl"]);
+        CHECK(st32["store"]["chunks_loaded"] == 3);
+        CHECK(st16["store"]["chunks_loaded"] == 3);
+        CHECK(fresh.count("store") == 0);
+        CHECK(st32["mean_kl"] == fresh["mean_kl"]);
+        CHECK(st32["answer"] == fresh["answer"]);
+        CHECK(st32["chunk_prefill_ms"].get<double>() == 0.0);
+        CHECK(st16["mean_kl"] != fresh["mean_kl"]);
+    }
+    CHECK(open_store_for(*s->model, hex64(s->tok().fingerprint()),
+                         store_config(f32, Config::StoreDType::f32, Config::StoreMode::read), false)
+              ->n_documents() == 6);
+    // store.path for the whole sweep is refused: it is a point's setting.
+    cfg.store.path = f32;
+    CHECK_THROWS_WITH(run_sweep(cfg, *s), Catch::Contains("set per point"));
 }

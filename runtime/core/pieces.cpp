@@ -1,0 +1,65 @@
+// Cooperative pieces (pieces.h).
+#include "runtime/core/pieces.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "runtime/core/error.h"
+
+namespace infoflow {
+
+namespace {
+
+PieceScope*& current_scope() {
+    static thread_local PieceScope* scope = nullptr;
+    return scope;
+}
+
+}  // namespace
+
+PieceScope::PieceScope(int piece_tokens, bool split_rows, std::function<void()> on_piece)
+    : outer_(current_scope()),
+      piece_tokens_(piece_tokens),
+      split_rows_(split_rows),
+      on_piece_(std::move(on_piece)) {
+    IF_CHECK(piece_tokens >= kMinPieceRows,
+             "a piece of " << piece_tokens << " tokens; at least " << kMinPieceRows);
+    current_scope() = this;
+}
+
+PieceScope::~PieceScope() { current_scope() = outer_; }
+
+void piece_done(double work) {
+    PieceScope* s = current_scope();
+    if (s == nullptr || s->running_) return;  // no scope, or work inside the callback itself
+    s->done_ += work;
+    if (s->done_ < s->piece_tokens_) return;
+    s->done_ = 0.0;
+    s->running_ = true;
+    try {
+        s->on_piece_();
+    } catch (...) {
+        s->running_ = false;
+        throw;
+    }
+    s->running_ = false;
+}
+
+int piece_rows() {
+    const PieceScope* s = current_scope();
+    return s == nullptr || !s->split_rows_ ? INT_MAX : s->piece_tokens_;
+}
+
+std::vector<std::pair<int, int>> piece_ranges(int n) {
+    std::vector<std::pair<int, int>> out;
+    const int step = std::max(piece_rows(), kMinPieceRows);
+    for (int a = 0; a < n; a += step) out.emplace_back(a, std::min(n, a + step));
+    if (out.size() > 1 && out.back().second - out.back().first < kMinPieceRows) {
+        const int end = out.back().second;
+        out.pop_back();
+        out.back().second = end;
+    }
+    return out;
+}
+
+}  // namespace infoflow
