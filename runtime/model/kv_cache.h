@@ -35,6 +35,7 @@ class KvCache {
     int n_layer() const { return n_layer_; }
     int row() const { return row_; }  // elements per slot per layer: n_head_kv * head_dim
     KvDtype dtype() const { return dtype_; }
+    Backend& backend() const { return *backend_; }  // where the rows live
     size_t row_bytes() const { return size_t(row_) * kv_dtype_size(dtype_); }
 
     // Appends `n` slots (contents undefined until written) and returns the first index.
