@@ -53,7 +53,8 @@ IF_ENUM_NAMES(Config::Softmax, "global", "local")
 IF_ENUM_NAMES(Config::BlendMetric, "v", "k")
 IF_ENUM_NAMES(Config::EpicMode, "ratio", "fixed")
 IF_ENUM_NAMES(Config::Comm, "auto", "mpi", "nccl", "self")
-IF_ENUM_NAMES(Config::Exchange, "kv", "exact")
+IF_ENUM_NAMES(Config::Exchange, "kv", "exact", "kv-answer-exact", "exact-answer-kv", "gather",
+              "compact-int8", "compact-int4")
 IF_ENUM_NAMES(Config::Placement, "chunks", "tokens")
 IF_ENUM_NAMES(Config::Balance, "auto", "true", "false")
 IF_ENUM_NAMES(Config::LinkKind, "auto", "shm", "tcp", "ib", "nvlink")
@@ -1053,6 +1054,16 @@ const char* to_string(Config::BlendMetric v) { return enum_name(v); }
 const char* to_string(Config::EpicMode v) { return enum_name(v); }
 const char* to_string(Config::Comm v) { return enum_name(v); }
 const char* to_string(Config::Exchange v) { return enum_name(v); }
+bool exchange_recompute_kv(Config::Exchange v) {
+    return v == Config::Exchange::kv || v == Config::Exchange::kv_answer_exact;
+}
+bool exchange_answer_kv(Config::Exchange v) {
+    return v == Config::Exchange::kv || v == Config::Exchange::exact_answer_kv;
+}
+bool exchange_whole_context(Config::Exchange v) {
+    return v == Config::Exchange::gather || v == Config::Exchange::compact_int8 ||
+           v == Config::Exchange::compact_int4;
+}
 const char* to_string(Config::Placement v) { return enum_name(v); }
 const char* to_string(Config::Balance v) { return enum_name(v); }
 const char* to_string(Config::LinkKind v) { return enum_name(v); }

@@ -28,6 +28,7 @@
 #include "runtime/method/phases.h"
 #include "runtime/model/sampling.h"
 #include "runtime/parallel/emulate.h"
+#include "runtime/parallel/ring.h"
 
 namespace infoflow {
 namespace {
@@ -165,6 +166,31 @@ json case_json(const QualityCase& c) {
             {"evidence_docs", c.evidence_docs},
             {"depth", c.depth},
             {"document_tokens", c.document_tokens}};
+}
+
+// The busiest rank's bytes of ring attention (zigzag, p2p) over the same prompt on P ranks: the
+// reference of the exchanges' bytes (docs/quality.md, "P ranks").
+uint64_t ring_reference_bytes(Model& model, int n_tokens, int P) {
+    const KvCache one = model.make_cache(1);
+    const std::vector<uint64_t> b =
+        ring_prefill_bytes(n_tokens, P, true, one.row_bytes(), model.config().n_layer);
+    return *std::max_element(b.begin(), b.end());
+}
+
+// A P-rank point's communication up to the first token (every phase before the decode): each
+// rank's bytes sent + received, the busiest rank's, and the ring's reference.
+void add_bytes(json& row, const MethodResult& r, uint64_t ring_max) {
+    std::vector<uint64_t> per_rank;
+    for (const auto& phase : r.phases_per_rank) {
+        if (phase.empty() || phase[0].name == "decode") continue;
+        per_rank.resize(phase.size(), 0);
+        for (size_t q = 0; q < phase.size(); ++q) {
+            per_rank[q] += phase[q].bytes_sent + phase[q].bytes_recv;
+        }
+    }
+    row["bytes_ranks"] = per_rank;
+    row["bytes_max"] = per_rank.empty() ? 0 : *std::max_element(per_rank.begin(), per_rank.end());
+    row["ring_bytes_max"] = ring_max;
 }
 
 }  // namespace
@@ -325,6 +351,7 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
                 row["critical_path"] = cp;
                 row["exchange"] = to_string(pcfg.parallel.exchange);
                 row["softmax"] = to_string(pcfg.scoring.softmax);
+                add_bytes(row, r, ring_reference_bytes(model, T + r.suffix_tokens, vt->ranks));
             }
             for (const std::string& m : measures()) {
                 const json& x = row[m];
