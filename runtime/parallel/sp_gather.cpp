@@ -18,8 +18,9 @@ namespace {
 
 char* bytes_of(Buffer& b) { return static_cast<char*>(static_cast<void*>(b.data())); }
 
-// Slots [0, c0) (chunk 0) and this rank's selected tokens of the layers before `first_layer`
-// from the shard cache into `full`, as stored.
+// From the shard cache into `full`, as stored: slots [0, c0) (chunk 0) when `sel` selects
+// nothing (the call at phase 1), else this rank's selected tokens of the layers before
+// sel.first_layer.
 void copy_own_rows(const Shard& sh, const SpSelection& sel, const KvCache& shard_cache,
                    KvCache& full) {
     std::vector<int32_t> local, global;
@@ -36,7 +37,7 @@ void copy_own_rows(const Shard& sh, const SpSelection& sel, const KvCache& shard
     char* kp = bytes_of(k);
     char* vp = bytes_of(v);
     for (int l = 0; l < full.n_layer(); ++l) {
-        if (sh.c0 > 0) {
+        if (sh.c0 > 0 && sel.selected.empty()) {
             shard_cache.read_range_raw(l, 0, sh.c0, kp, vp);
             full.write_range_raw(l, 0, sh.c0, kp, vp);
         }
@@ -105,17 +106,32 @@ void load_owned_inputs(Model& model, Communicator& comm, const Shard& sh, const 
 
 }  // namespace
 
-KvCache gather_context(Model& model, Communicator& comm, const PreparedRequest& req,
-                       const Config& cfg, const Shard& sh, const SpSelection& sel,
-                       const KvCache& shard_cache) {
+KvCache whole_context_cache(Model& model, const PreparedRequest& req, const Config& cfg,
+                            const Shard& sh, const KvCache& shard_cache) {
+    const int T = req.context_tokens();
+    KvCache full = model.make_cache(T + int(req.suffix.size()) + cfg.decode.max_new_tokens);
+    full.append(T, sh.gpos.data(), nullptr);
+    // Zeros into every context slot of every layer first: the pages are touched here, with the
+    // shard's own cache, not when the rows arrive.
+    const size_t rb = full.row_bytes();
+    Backend& be = model.backend();
+    Buffer zero = be.alloc(std::max<size_t>(1, size_t(T) * rb));
+    const std::vector<char> host(size_t(T) * rb, 0);
+    be.upload(zero.data(), host.data(), host.size());
+    for (int l = 0; l < full.n_layer(); ++l) full.write_range_raw(l, 0, T, zero.data(), zero.data());
+    copy_own_rows(sh, {}, shard_cache, full);  // chunk 0
+    return full;
+}
+
+void gather_context(Model& model, Communicator& comm, const PreparedRequest& req,
+                    const Config& cfg, const Shard& sh, const SpSelection& sel,
+                    const KvCache& shard_cache, KvCache& full) {
     Backend& be = model.backend();
     const int P = comm.size(), me = comm.rank();
     const int T = req.context_tokens(), L = model.config().n_layer;
     const Config::Exchange ex = cfg.parallel.exchange;
     const bool raw = ex == Config::Exchange::gather;
     const KvCodec codec = ex == Config::Exchange::compact_int4 ? KvCodec::int4 : KvCodec::int8;
-    KvCache full = model.make_cache(T + int(req.suffix.size()) + cfg.decode.max_new_tokens);
-    full.append(T, sh.gpos.data(), nullptr);
     copy_own_rows(sh, sel, shard_cache, full);
 
     // Every rank's unselected tokens outside chunk 0, in position order.
@@ -179,7 +195,6 @@ KvCache gather_context(Model& model, Communicator& comm, const PreparedRequest& 
         }
         block += bytes[p];
     }
-    return full;
 }
 
 std::vector<float> recompute_whole(Model& model, Communicator& comm, const PreparedRequest& req,

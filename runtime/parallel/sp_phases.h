@@ -84,14 +84,18 @@ void recompute_exact(Model& model, Communicator& comm, const PreparedRequest& re
 void share_selected_kv(Model& model, Communicator& comm, const Shard& sh, const SpSelection& sel,
                        KvCache& cache);
 
-// Phase 3 in the whole-context exchanges ("gather", "compact-*", sp_gather.cpp). First, once:
-// every context token's K/V to every rank — chunk 0 from the rank's own copy, every other
-// unselected token from its owner, as stored ("gather") or as codes (kv_codec.h), each rank
-// decoding its own rows too, and this rank's selected tokens as stored. Returns that cache:
-// slot g = context token g at its global position, room for the suffix and the answer.
-KvCache gather_context(Model& model, Communicator& comm, const PreparedRequest& req,
-                       const Config& cfg, const Shard& sh, const SpSelection& sel,
-                       const KvCache& shard_cache);
+// The whole-context exchanges ("gather", "compact-*", sp_gather.cpp). At phase 1, with the
+// shard's own cache: the cache of the whole context this rank will hold (slot g = context token
+// g at its global position, room for the suffix and the answer), its pages touched, chunk 0
+// copied in from the shard cache.
+KvCache whole_context_cache(Model& model, const PreparedRequest& req, const Config& cfg,
+                            const Shard& sh, const KvCache& shard_cache);
+// Phase 3, first, once: every other context token's K/V into it — each unselected token from its
+// owner, as stored ("gather") or as codes (kv_codec.h), each rank decoding its own rows too, and
+// this rank's selected tokens as stored.
+void gather_context(Model& model, Communicator& comm, const PreparedRequest& req,
+                    const Config& cfg, const Shard& sh, const SpSelection& sel,
+                    const KvCache& shard_cache, KvCache& full);
 // Then the recompute and the suffix prefill in one pass over it (the same arithmetic as one
 // after the other: S never sees the suffix, and at layer l the suffix rows see S's layer-l K/V,
 // final by then). S and the suffix rows are dealt out in P contiguous runs of about equal work

@@ -72,6 +72,11 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
         },
         hooks.chunks);
     const Shard& sh = p.shard;
+    // The whole-context exchanges' cache is made here too: it holds the context, known now.
+    std::unique_ptr<KvCache> full;
+    if (whole) {
+        full = std::make_unique<KvCache>(whole_context_cache(model, req, cfg, sh, p.cache));
+    }
     clock.end();
     r.shard_tokens = sh.place.shard_tokens;
 
@@ -82,10 +87,9 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     // 3. per layer, in the exchange mode; the whole-context exchanges first gather every
     // context row once, into the cache the answer then runs over, and run the suffix rows in the
     // recompute's pass (phase 4's suffix prefill is then the first token's logits alone).
-    std::unique_ptr<KvCache> full;
     if (whole) {
         clock.begin("context_gather");
-        full = std::make_unique<KvCache>(gather_context(model, comm, req, cfg, sh, sel, p.cache));
+        gather_context(model, comm, req, cfg, sh, sel, p.cache, *full);
         clock.end();
     }
     KvCache& cache = whole ? *full : p.cache;
