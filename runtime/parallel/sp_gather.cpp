@@ -18,32 +18,20 @@ namespace {
 
 char* bytes_of(Buffer& b) { return static_cast<char*>(static_cast<void*>(b.data())); }
 
-// From the shard cache into `full`, as stored: slots [0, c0) (chunk 0) when `sel` selects
-// nothing (the call at phase 1), else this rank's selected tokens of the layers before
-// sel.first_layer.
-void copy_own_rows(const Shard& sh, const SpSelection& sel, const KvCache& shard_cache,
-                   KvCache& full) {
-    std::vector<int32_t> local, global;
-    for (int g : sel.selected) {
-        if (sh.owner(g) != sh.rank) continue;
-        local.push_back(sh.local_slot(g));
-        global.push_back(g);
-    }
-    const int n = std::max(sh.c0, int(local.size()));
-    if (n == 0) return;
+// Rows of `layers` layers from the shard cache's `local` slots into `full`'s `global` slots
+// (sorted), as stored.
+void copy_rows(const KvCache& shard_cache, const std::vector<int32_t>& local,
+               const std::vector<int32_t>& global, int layers, KvCache& full) {
+    const int n = int(local.size());
+    if (n == 0 || layers == 0) return;
     const size_t rb = full.row_bytes();
     Backend& be = full.backend();
     Buffer k = be.alloc(size_t(n) * rb), v = be.alloc(size_t(n) * rb);
     char* kp = bytes_of(k);
     char* vp = bytes_of(v);
-    for (int l = 0; l < full.n_layer(); ++l) {
-        if (sh.c0 > 0 && sel.selected.empty()) {
-            shard_cache.read_range_raw(l, 0, sh.c0, kp, vp);
-            full.write_range_raw(l, 0, sh.c0, kp, vp);
-        }
-        if (l >= sel.first_layer || local.empty()) continue;
-        shard_cache.read_rows_raw(l, local.data(), kp, vp, int(local.size()));
-        for (const SlotRun& r : slot_runs(global.data(), int(global.size()))) {
+    for (int l = 0; l < layers; ++l) {
+        shard_cache.read_rows_raw(l, local.data(), kp, vp, n);
+        for (const SlotRun& r : slot_runs(global.data(), n)) {
             full.write_range_raw(l, r.slot, r.n, kp + size_t(r.row) * rb, vp + size_t(r.row) * rb);
         }
     }
@@ -119,7 +107,9 @@ KvCache whole_context_cache(Model& model, const PreparedRequest& req, const Conf
     const std::vector<char> host(size_t(T) * rb, 0);
     be.upload(zero.data(), host.data(), host.size());
     for (int l = 0; l < full.n_layer(); ++l) full.write_range_raw(l, 0, T, zero.data(), zero.data());
-    copy_own_rows(sh, {}, shard_cache, full);  // chunk 0
+    std::vector<int32_t> chunk0(size_t(sh.c0));  // slots [0, c0) in both caches
+    for (int g = 0; g < sh.c0; ++g) chunk0[size_t(g)] = g;
+    copy_rows(shard_cache, chunk0, chunk0, full.n_layer(), full);
     return full;
 }
 
@@ -132,7 +122,15 @@ void gather_context(Model& model, Communicator& comm, const PreparedRequest& req
     const Config::Exchange ex = cfg.parallel.exchange;
     const bool raw = ex == Config::Exchange::gather;
     const KvCodec codec = ex == Config::Exchange::compact_int4 ? KvCodec::int4 : KvCodec::int8;
-    copy_own_rows(sh, sel, shard_cache, full);
+    // This rank's selected tokens in the layers that are not recomputed (CacheBlend's layer 0),
+    // which the owners send as they are.
+    std::vector<int32_t> own_sel_local, own_sel;
+    for (int g : sel.selected) {
+        if (sh.owner(g) != me) continue;
+        own_sel_local.push_back(sh.local_slot(g));
+        own_sel.push_back(g);
+    }
+    copy_rows(shard_cache, own_sel_local, own_sel, sel.first_layer, full);
 
     // Every rank's unselected tokens outside chunk 0, in position order.
     std::vector<uint8_t> selected(size_t(T), 0);
