@@ -65,6 +65,7 @@ IF_ENUM_NAMES(Config::StoreDType, "f16", "bf16", "f32")
 IF_ENUM_NAMES(Config::KvDType, "f32", "f16", "bf16")
 IF_ENUM_NAMES(Config::Weights, "native", "f32")
 IF_ENUM_NAMES(Config::CpuIsa, "auto", "avx2", "avx512", "amx")
+IF_ENUM_NAMES(Config::SweepClock, "wall", "cpu")
 
 #undef IF_ENUM_NAMES
 
@@ -740,6 +741,7 @@ const std::vector<Field>& fields() {
         f.push_back(float_array_field("sweep.depths", sw, &Sw::depths, 0.0, 1.0));
         f.push_back(int_field("sweep.distractors", sw, &Sw::distractors, -1));
         f.push_back(string_field("sweep.filler_file", sw, &Sw::filler_file));
+        f.push_back(enum_field("sweep.clock", sw, &Sw::clock));
 
         const auto store = &C::store;
         using St = C::StoreSection;
@@ -1074,6 +1076,7 @@ const char* to_string(Config::StoreDType v) { return enum_name(v); }
 const char* to_string(Config::KvDType v) { return enum_name(v); }
 const char* to_string(Config::Weights v) { return enum_name(v); }
 const char* to_string(Config::CpuIsa v) { return enum_name(v); }
+const char* to_string(Config::SweepClock v) { return enum_name(v); }
 
 nlohmann::json Config::to_json() const {
     json j = json::object();

@@ -62,6 +62,7 @@ struct Config {
     enum class KvDType { f32, f16, bf16 };
     enum class Weights { native, f32 };             // model.weights
     enum class CpuIsa { automatic, avx2, avx512, amx };  // cpu.isa ("auto")
+    enum class SweepClock { wall, cpu };                 // sweep.clock
 
     static constexpr int k_default_chunk_size = 2048;
 
@@ -235,6 +236,9 @@ struct Config {
         std::vector<double> depths;        // evidence depths in [0, 1], in turn
         int distractors = -1;              // documents with a distractor; -1 = every other
         std::string filler_file;           // filler text; "" = the built-in prose
+        // What the points' times read (runtime/core/timing_clock.h): "cpu" = the process's CPU
+        // time, which leaves out what other processes took (model.threads = 1 only).
+        SweepClock clock = SweepClock::wall;
     };
     // The document KV store (docs/design.md §8; layout in docs/store.md). Replaces the former
     // [cache] section (cache.path, cache.build_from), which is no longer accepted.
@@ -312,6 +316,7 @@ const char* to_string(Config::Backend v);
 const char* to_string(Config::DType v);
 const char* to_string(Config::Weights v);
 const char* to_string(Config::CpuIsa v);
+const char* to_string(Config::SweepClock v);
 const char* to_string(Config::Template v);
 const char* to_string(Config::ChatTemplate v);
 const char* to_string(Config::ChunkMode v);

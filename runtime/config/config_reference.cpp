@@ -310,6 +310,12 @@ const std::map<std::string, std::string>& descriptions() {
         {"sweep.full_correct_only",
          "keep only cases `full` answers correctly (at most 4 x `sweep.cases` are tried)"},
         {"sweep.cases_file", "also write the cases as `eval` JSONL; empty = no"},
+        {"sweep.clock",
+         "what the points' times (online ms, TTFT, the virtual ranks' compute segments) read: "
+         "`wall` = the wall clock; `cpu` = the process's CPU time, which on a machine shared "
+         "with other work leaves out the time other processes took (the virtual ranks' critical "
+         "path takes the slowest rank at every collective, so that time would inflate balanced "
+         "schedules most); needs `model.threads = 1` (docs/quality.md)"},
         {"sweep.first_case",
          "generator index of the first case tried: shards of one long run in separate processes "
          "(e.g. 0 and 1000), their row logs concatenated (docs/quality.md)"},

@@ -19,6 +19,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/progress.h"
+#include "runtime/core/timing_clock.h"
 #include "runtime/jobs/cases.h"
 #include "runtime/jobs/fidelity.h"
 #include "runtime/jobs/job_report.h"
@@ -207,6 +208,12 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
              "job sweep needs greedy decoding (decode.temperature = 0): the reference is full's "
              "greedy answer");
     IF_CHECK(cfg.decode.max_new_tokens >= 1, "job sweep needs decode.max_new_tokens >= 1");
+    IF_CHECK(cfg.sweep.clock == Config::SweepClock::wall || cfg.model.threads == 1,
+             "sweep.clock = \"cpu\" needs model.threads = 1 (the process's CPU time counts "
+             "every thread), got model.threads = "
+                 << cfg.model.threads);
+    const ScopedTimingClock timing(cfg.sweep.clock == Config::SweepClock::cpu ? TimingClock::cpu
+                                                                              : TimingClock::wall);
     const CaseSpec spec =
         case_spec(cfg, instruction_text(cfg.request.prompt_template).doc_separator);
     const std::vector<Point> points = sweep_points(cfg);
@@ -218,7 +225,8 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
     full_cfg.method.name = Config::Method::full;
 
     std::printf(
-        "sweep      : %s (%s, %d threads), %zu points x %d cases (%s), reference %s\n",
+        "sweep      : %s (%s, %d threads), %zu points x %d cases (%s), reference %s, %s "
+        "clock\n",
         s.weights->source.c_str(), s.backend->device().c_str(), cfg.model.threads, points.size(),
         cfg.sweep.cases,
         [&] {
@@ -227,7 +235,7 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
             return k;
         }()
             .c_str(),
-        cfg.sweep.reference.c_str());
+        cfg.sweep.reference.c_str(), to_string(cfg.sweep.clock));
     std::printf(
         "cases      : ~%d context tokens in %d documents, %s layout, seed %llu, from case "
         "%d%s\n",
@@ -292,10 +300,9 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
         ++kept;
         if (!cfg.sweep.cases_file.empty()) cases_text += case_json(qc).dump() + "\n";
         // Phase 1 once for every point.
-        const auto t_chunks = Clock::now();
+        const double t_chunks = timing_now_ms();
         const std::vector<ChunkKv> chunks = prefill_context(model, req, 1, req.n_chunks());
-        const double chunk_ms =
-            std::chrono::duration<double, std::milli>(Clock::now() - t_chunks).count();
+        const double chunk_ms = timing_now_ms() - t_chunks;
 
         std::vector<json> case_rows(points.size() + 1);  // full, then the points in order
         auto record = [&](PointValues& pv, const std::string& label, const MethodResult& r,
@@ -518,6 +525,7 @@ nlohmann::json run_sweep(const Config& cfg, Session& s) {
     for (const Point& p : points) pts.push_back(p.label);
     out["points"] = pts;
     out["wall_s"] = wall_s;
+    out["clock"] = to_string(cfg.sweep.clock);
     out["rows"] = std::move(rows);
     out["summary"] = std::move(summary);
     out["config"] = cfg.to_json();
