@@ -54,7 +54,7 @@ IF_ENUM_NAMES(Config::BlendMetric, "v", "k")
 IF_ENUM_NAMES(Config::EpicMode, "ratio", "fixed")
 IF_ENUM_NAMES(Config::Comm, "auto", "mpi", "nccl", "self")
 IF_ENUM_NAMES(Config::Exchange, "kv", "exact", "kv-answer-exact", "exact-answer-kv", "gather",
-              "compact-int8", "compact-int4")
+              "compact-int8", "compact-int4", "compact-int4h")
 IF_ENUM_NAMES(Config::Placement, "chunks", "tokens")
 IF_ENUM_NAMES(Config::Balance, "auto", "true", "false")
 IF_ENUM_NAMES(Config::LinkKind, "auto", "shm", "tcp", "ib", "nvlink")
@@ -1064,7 +1064,7 @@ bool exchange_answer_kv(Config::Exchange v) {
 }
 bool exchange_whole_context(Config::Exchange v) {
     return v == Config::Exchange::gather || v == Config::Exchange::compact_int8 ||
-           v == Config::Exchange::compact_int4;
+           v == Config::Exchange::compact_int4 || v == Config::Exchange::compact_int4h;
 }
 const char* to_string(Config::Placement v) { return enum_name(v); }
 const char* to_string(Config::Balance v) { return enum_name(v); }

@@ -50,7 +50,8 @@ struct Config {
         exact_answer_kv,  // recompute as exact, the answer as kv (the decomposition's other half)
         gather,           // every context row to every rank as stored: the one-rank result
         compact_int8,     // the unselected rows once as 8-bit codes, S at full precision
-        compact_int4      // the same with 4-bit codes
+        compact_int4,     // the same with 4-bit codes
+        compact_int4h     // 4-bit codes of each head turned by a Hadamard matrix
     };
     enum class Placement { chunks, tokens };    // parallel.placement
     enum class Balance { automatic, on, off };  // parallel.balance: "auto" | true | false

@@ -199,7 +199,8 @@ const std::map<std::string, std::string>& descriptions() {
          "shard and S); `exact` passes the queries (pass-Q) and reproduces the one-rank result; "
          "`gather` all-gathers every context token's K/V once as stored (the one-rank result, "
          "every rank holding the whole context); `compact-int8` / `compact-int4` the same with "
-         "the unselected tokens' rows as 8-bit / 4-bit codes (runtime/method/kv_codec.h); "
+         "the unselected tokens' rows as 8-bit / 4-bit codes, `compact-int4h` as 4-bit codes of "
+         "each head turned by a Hadamard matrix (runtime/method/kv_codec.h); "
          "`kv-answer-exact` and `exact-answer-kv` mix the two halves (`kv`'s recompute with "
          "`exact`'s answer, and the reverse: the decomposition of docs/quality.md)"},
         {"parallel.virtual_ranks",

@@ -280,8 +280,7 @@ void emulate_context_codes(const Config& cfg, Context& x, const Selection& s) {
     for (int j = 0; j < int(x.gpos.size()); ++j) {
         if (x.slot_chunk[j] != 0 && !selected[size_t(j)]) slots.push_back(j);
     }
-    round_trip_cache_rows(ex == Config::Exchange::compact_int8 ? KvCodec::int8 : KvCodec::int4,
-                          x.cache, slots);
+    round_trip_cache_rows(exchange_kv_codec(ex), x.cache, slots);
 }
 
 // Phase 3 (§3.5): S through the layers from s.first_layer, its new K/V written first. With

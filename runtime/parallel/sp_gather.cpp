@@ -121,7 +121,7 @@ void gather_context(Model& model, Communicator& comm, const PreparedRequest& req
     const int T = req.context_tokens(), L = model.config().n_layer;
     const Config::Exchange ex = cfg.parallel.exchange;
     const bool raw = ex == Config::Exchange::gather;
-    const KvCodec codec = ex == Config::Exchange::compact_int4 ? KvCodec::int4 : KvCodec::int8;
+    const KvCodec codec = raw ? KvCodec::int8 : exchange_kv_codec(ex);  // int8: unused if raw
     // This rank's selected tokens in the layers that are not recomputed (CacheBlend's layer 0),
     // which the owners send as they are.
     std::vector<int32_t> own_sel_local, own_sel;

@@ -6,6 +6,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/method/chunk_store.h"
+#include "runtime/method/kv_codec.h"
 #include "runtime/method/phases.h"
 #include "runtime/parallel/phase_clock.h"
 #include "runtime/parallel/sp_phases.h"
@@ -56,6 +57,9 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     // The answer across the ranks (every key, partial states merged), or on rank 0 over its cache
     // (chunk 0, its shard and S; with a whole-context exchange, every key).
     const bool exact = !whole && !exchange_answer_kv(ex);
+    if (whole && ex != Config::Exchange::gather) {  // before any collective, on every rank
+        check_kv_codec(exchange_kv_codec(ex), model.config().head_dim);
+    }
     MethodResult r = start_result(model, req, cfg, comm.size());
     r.chunk_order = identity_order(req.n_chunks());
     SpClock clock(comm, r.phases);

@@ -33,7 +33,7 @@ std::vector<Case> cases(bool all) {
     std::vector<Case> out;
     using E = Config::Exchange;
     for (auto ex : {E::kv, E::exact, E::kv_answer_exact, E::exact_answer_kv, E::gather,
-                    E::compact_int8, E::compact_int4}) {
+                    E::compact_int8, E::compact_int4, E::compact_int4h}) {
         Config c = method_config(Config::Method::infoflow, 0.3);
         c.parallel.exchange = ex;
         out.push_back({std::string("infoflow/") + to_string(ex), c});

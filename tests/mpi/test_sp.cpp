@@ -50,7 +50,7 @@ TEST_CASE("sp: infoflow at ratio 1 equals full in every exchange mode [6.1]", "[
         run_method(*s.tm.m, s.req, method_config(Config::Method::full), kNoStop);
     using E = Config::Exchange;
     for (auto ex : {E::kv, E::exact, E::kv_answer_exact, E::exact_answer_kv, E::gather,
-                    E::compact_int8, E::compact_int4}) {
+                    E::compact_int8, E::compact_int4, E::compact_int4h}) {
         Config cfg = method_config(Config::Method::infoflow, 1.0);
         cfg.parallel.exchange = ex;
         const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
@@ -284,8 +284,8 @@ TEST_CASE(
     "[sp]") {
     Setup s;
     using E = Config::Exchange;
-    for (auto ex :
-         {E::gather, E::compact_int8, E::compact_int4, E::kv_answer_exact, E::exact_answer_kv}) {
+    for (auto ex : {E::gather, E::compact_int8, E::compact_int4, E::compact_int4h,
+                    E::kv_answer_exact, E::exact_answer_kv}) {
         for (auto m : {Config::Method::infoflow, Config::Method::epic, Config::Method::cacheblend,
                        Config::Method::none}) {
             Config cfg = method_config(m, 0.3);
@@ -308,7 +308,8 @@ TEST_CASE("sp: the compact codes change the result, and their oracle does not de
     Setup s;
     Config cfg = method_config(Config::Method::infoflow, 0.3);
     const MethodResult one = run_method(*s.tm.m, s.req, cfg, kNoStop);
-    for (auto ex : {Config::Exchange::compact_int8, Config::Exchange::compact_int4}) {
+    for (auto ex : {Config::Exchange::compact_int8, Config::Exchange::compact_int4,
+                    Config::Exchange::compact_int4h}) {
         cfg.parallel.exchange = ex;
         cfg.parallel.emulate_ranks = 2;
         const MethodResult two = run_method(*s.tm.m, s.req, cfg, kNoStop);
@@ -334,14 +335,15 @@ TEST_CASE("sp: context_gather moves each unselected row once, as stored or as co
     std::vector<int> chunk_of;
     for (size_t i = 0; i < sizes.size(); ++i) chunk_of.insert(chunk_of.end(), sizes[i], int(i));
     for (auto ex : {Config::Exchange::gather, Config::Exchange::compact_int8,
-                    Config::Exchange::compact_int4}) {
+                    Config::Exchange::compact_int4, Config::Exchange::compact_int4h}) {
         Config cfg = method_config(Config::Method::infoflow, 0.3);
         cfg.parallel.exchange = ex;
         const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
         CAPTURE(s.P(), s.rank(), to_string(ex));
         if (s.P() == 1) continue;  // one rank runs the single-rank pipeline: nothing moves
         // Bytes of one token's K and V rows of one layer: 8-bit codes are 64 values + an fp16
-        // step per group of 64, 4-bit codes 16 bytes + fp16 minimum and step per group of 32.
+        // step per group of 64, 4-bit codes (turned or not) 16 bytes + fp16 minimum and step
+        // per group of 32.
         auto groups = [](int n, int g) { return uint64_t((n + g - 1) / g); };
         const uint64_t slot = ex == Config::Exchange::gather ? 2ull * row * sizeof(float)
                               : ex == Config::Exchange::compact_int8

@@ -127,8 +127,8 @@ TEST_CASE("sp real: native weights, near-tie text: exact = one rank, kv = emulat
 }
 
 TEST_CASE(
-    "sp real: gather = one rank; compact-int8/int4, kv-answer-exact, exact-answer-kv = their "
-    "emulate_ranks oracles [6.4]",
+    "sp real: gather = one rank; compact-int8/int4/int4h, kv-answer-exact, exact-answer-kv = "
+    "their emulate_ranks oracles [6.4]",
     "[sp][real]") {
     Real s;
     const int P = s.comm->size();
@@ -139,6 +139,7 @@ TEST_CASE(
     const std::vector<Run> runs = {{Config::Method::infoflow, Config::Exchange::gather},
                                    {Config::Method::infoflow, Config::Exchange::compact_int8},
                                    {Config::Method::infoflow, Config::Exchange::compact_int4},
+                                   {Config::Method::infoflow, Config::Exchange::compact_int4h},
                                    {Config::Method::cacheblend, Config::Exchange::compact_int8},
                                    {Config::Method::infoflow, Config::Exchange::kv_answer_exact},
                                    {Config::Method::infoflow, Config::Exchange::exact_answer_kv}};
