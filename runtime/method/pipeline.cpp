@@ -296,9 +296,10 @@ void recompute(Model& model, const Config& cfg, Context& x, const Selection& s) 
         pos.push_back(x.gpos[j]);
         if (masked) group.push_back(x.slot_group[j]);
     }
-    if (x.grouped() && !masked) set_groups(x, -1);
-    for (int j : s.selected) {
-        if (x.grouped()) x.cache.set_group(j, -1);
+    if (masked) {
+        for (int j : s.selected) x.cache.set_group(j, -1);  // S visible to every query
+    } else if (x.grouped()) {
+        set_groups(x, -1);  // the recompute sees every key
     }
     recompute_selected(model, x.cache, slots, toks, pos, masked ? &group : nullptr, s.first_layer,
                        s.first_layer > 0 ? s.hidden.data() : nullptr);
