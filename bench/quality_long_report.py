@@ -27,7 +27,11 @@ Sections (each only when its input is given):
                        first (fresh) one, paired, and the cases equal to it to the bit;
   --variants LEN=FILE  development runs of the selection variants: each against the default
                        InfoFlow point, CacheBlend and EPIC, paired, with its online-time ratio;
-  --heldout LEN=FILE   the held-out confirmation and the decision rule of docs/quality.md.
+  --heldout LEN=FILE   the held-out confirmation and the decision rule of docs/quality.md;
+  --decompose LABEL=FILE  P ranks: the kv exchange's loss split into what the recompute, the
+                       answer and the scores miss (docs/quality.md "P ranks");
+  --exchanges LABEL=FILE  P ranks: every exchange against one rank and exact, with its bytes
+                       against the zigzag ring's and the targets of docs/quality.md "P ranks".
 """
 
 import argparse
@@ -261,6 +265,107 @@ def store_section(path):
     return md + [""]
 
 
+def rank_points(pts, cases):
+    """{(ranks, exchange, softmax): point} of the P-rank points (rows from parallel.virtual_ranks)."""
+    out = {}
+    for p in pts:
+        r0 = pts[p][cases[0]] if cases else {}
+        if r0.get("ranks", 1) > 1:
+            out[(r0["ranks"], r0.get("exchange"), r0.get("softmax", "global"))] = p
+    return out
+
+
+def decompose_section(label, path):
+    """The kv exchange's loss against one rank, split into what the recompute misses
+    (kv-answer-exact: only the recompute sees its shard), what the answer misses
+    (exact-answer-kv: only the answer does), their interaction (the rest of kv's loss, paired per
+    case) and what the scores miss (the local softmax against the global one, with kv)."""
+    pts, cases = by_point(load_all(path))
+    rp = rank_points(pts, cases)
+    base = values(pts, BASE, cases, "mean_kl")
+    md = [f"### {label}: where the `kv` exchange loses (n = {len(cases)})", "",
+          "Paired mean-KL differences on the same cases (nats, 95 % bootstrap intervals): "
+          "total = `kv` − one rank; recompute = `kv-answer-exact` − one rank (the recomputed "
+          "tokens see chunk 0, their shard and S; the answer sees every key); answer = "
+          "`exact-answer-kv` − one rank (the reverse); interaction = total − recompute − answer; "
+          "scores = `kv` with `scoring.softmax = \"local\"` − `kv` (global).", "",
+          "| ranks | total | recompute | answer | interaction | scores (local − global) | "
+          "accuracy: one rank / kv / kv-answer-exact / exact-answer-kv |",
+          "|---|---|---|---|---|---|---|"]
+    acc1 = mean_of(pts, BASE, cases, "correct")
+    for P in sorted({k[0] for k in rp}):
+        kv, ra, ar = (rp.get((P, e, "global")) for e in ("kv", "kv-answer-exact",
+                                                         "exact-answer-kv"))
+        loc = rp.get((P, "kv", "local"))
+        if not (kv and ra and ar):
+            continue
+        d_kv = np.asarray(values(pts, kv, cases, "mean_kl")) - base
+        d_r = np.asarray(values(pts, ra, cases, "mean_kl")) - base
+        d_a = np.asarray(values(pts, ar, cases, "mean_kl")) - base
+        inter = d_kv - d_r - d_a
+        cells = [str(P)] + [fmt_pair(paired(d, np.zeros_like(d)), "%+.4f")
+                            for d in (d_kv, d_r, d_a, inter)]
+        cells.append(fmt_pair(paired(values(pts, loc, cases, "mean_kl"),
+                                     values(pts, kv, cases, "mean_kl")), "%+.4f") if loc else "-")
+        cells.append(" / ".join("%.2f" % mean_of(pts, q, cases, "correct")
+                                for q in (BASE, kv, ra, ar)))
+        md.append("| " + " | ".join(cells) + " |")
+    md.append("")
+    md.append(f"One rank's accuracy: {acc1:.2f}.")
+    return md + [""]
+
+
+# The targets of issue 41 (docs/quality.md "P ranks"), fixed before the held-out run.
+KL_UPPER = 0.02       # the 95 % interval's upper end of KL − one rank, nats
+ACC_WITHIN = 0.05     # |accuracy − one rank's|
+TIME_VS_EXACT = 0.6   # mean online ms / exact's at the same P, measured in the same run
+BYTES_VS_RING = 0.35  # mean over cases of the busiest rank's bytes / the zigzag ring's
+
+
+def exchanges_section(label, path):
+    """Every P-rank point against one rank (KL and accuracy, paired), its online time against
+    `exact` at the same P and its busiest rank's bytes against the zigzag ring's, and whether it
+    meets the targets."""
+    pts, cases = by_point(load_all(path))
+    rp = rank_points(pts, cases)
+    base = values(pts, BASE, cases, "mean_kl")
+    acc1 = mean_of(pts, BASE, cases, "correct")
+    md = [f"### {label}: exchanges on P ranks against one rank (n = {len(cases)})", "",
+          "KL − one rank and accuracy − one rank paired on the same cases (95 % bootstrap "
+          "intervals); online ms is the modelled critical path (virtual ranks, measured in the "
+          "same run: compare within the table); × exact = online ms / `exact`'s at the same P; "
+          "bytes = the busiest rank's bytes sent + received to the first token, mean over the "
+          "cases, MB; × ring = the mean of its ratio to the zigzag ring's busiest rank. Targets: "
+          f"KL interval's upper end ≤ +{KL_UPPER}, |accuracy − one rank| ≤ {ACC_WITHIN}, "
+          f"× exact ≤ {TIME_VS_EXACT}, × ring ≤ {BYTES_VS_RING}.", "",
+          "| ranks | exchange | softmax | mean KL | KL − one rank | accuracy | acc − one rank | "
+          "online ms | × exact | bytes MB | × ring | meets |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    md.append(f"| 1 | - | - | {fmt_iv(bootstrap(base), '%.4f')} | - | "
+              f"{fmt_iv(bootstrap(values(pts, BASE, cases, 'correct')), '%.2f')} | - | "
+              f"{mean_of(pts, BASE, cases, 'online_ms'):.0f} | - | - | - | - |")
+    for key in sorted(rp, key=lambda k: (k[0], k[2] != "global", k[1])):
+        P, ex, sm = key
+        p = rp[key]
+        kl = values(pts, p, cases, "mean_kl")
+        vs = paired(kl, base)
+        acc = values(pts, p, cases, "correct")
+        va = paired(acc, values(pts, BASE, cases, "correct"))
+        ms = mean_of(pts, p, cases, "online_ms")
+        ex_p = rp.get((P, "exact", "global"))
+        t_ratio = ms / mean_of(pts, ex_p, cases, "online_ms") if ex_p else float("nan")
+        b = values(pts, p, cases, "bytes_max")
+        ring = values(pts, p, cases, "ring_bytes_max")
+        b_ratio = float(np.mean(np.asarray(b) / np.asarray(ring)))
+        meets = (vs[3] <= KL_UPPER and abs(float(np.mean(acc)) - acc1) <= ACC_WITHIN and
+                 t_ratio <= TIME_VS_EXACT and b_ratio <= BYTES_VS_RING)
+        md.append(f"| {P} | {ex} | {sm} | {fmt_iv(bootstrap(kl), '%.4f')} | "
+                  f"{fmt_pair(vs, '%+.4f')} | {float(np.mean(acc)):.2f} | "
+                  f"{fmt_pair(va, '%+.2f')} | {ms:.0f} | {t_ratio:.2f} | "
+                  f"{float(np.mean(b)) / 1e6:.1f} | {b_ratio:.2f} | {'yes' if meets else 'no'} |")
+    return md + [""]
+
+
 def variants_section(label, path):
     pts, cases = by_point(load_all(path))
     points = [p for p in pts if p != "full"]
@@ -315,6 +420,8 @@ def main():
     ap.add_argument("--ranks")
     ap.add_argument("--store")
     ap.add_argument("--variants", action="append", default=[], type=labelled)
+    ap.add_argument("--decompose", action="append", default=[], type=labelled)
+    ap.add_argument("--exchanges", action="append", default=[], type=labelled)
     ap.add_argument("--heldout", action="append", default=[], type=labelled)
     ap.add_argument("--plots", default=None, help="folder for the PNGs (none: no plots)")
     ap.add_argument("--prefix", default="quality-long")
@@ -337,6 +444,10 @@ def main():
         md += store_section(args.store)
     for label, path in args.variants:
         md += variants_section(label, path)
+    for label, path in args.decompose:
+        md += decompose_section(label, path)
+    for label, path in args.exchanges:
+        md += exchanges_section(label, path)
     if args.heldout:
         md += heldout_section(args.heldout)
     print("\n".join(md))

@@ -1,6 +1,5 @@
 #include "comm/thread_comm.h"
 
-#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -12,12 +11,11 @@
 #include <tuple>
 
 #include "runtime/core/error.h"
+#include "runtime/core/timing_clock.h"
 
 namespace infoflow {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 enum class Op { barrier, broadcast, all_reduce, all_gather, all_gather_v, all_to_all_v };
 
@@ -376,11 +374,11 @@ class ThreadComm final : public Communicator {
     // ---- used by the requests ----
     void end_segment() {
         if (st_.sync) st_.sync();
-        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
+        const double ms = timing_now_ms() - t0_;
         std::lock_guard<std::mutex> lk(st_.m);
         st_.timeline.compute(rank(), ms);
     }
-    void seg_begin() { t0_ = Clock::now(); }
+    void seg_begin() { t0_ = timing_now_ms(); }
     void take_turn() { turn_.lock(); }
     void give_turn() { turn_.unlock(); }
     ThreadWorld::State& state() { return st_; }
@@ -617,7 +615,7 @@ class ThreadComm final : public Communicator {
 
     ThreadWorld::State& st_;
     std::unique_lock<std::mutex> turn_;
-    Clock::time_point t0_;
+    double t0_ = 0.0;  // runtime/core/timing_clock.h
 };
 
 void SendRequest::wait() {

@@ -53,7 +53,8 @@ IF_ENUM_NAMES(Config::Softmax, "global", "local")
 IF_ENUM_NAMES(Config::BlendMetric, "v", "k")
 IF_ENUM_NAMES(Config::EpicMode, "ratio", "fixed")
 IF_ENUM_NAMES(Config::Comm, "auto", "mpi", "nccl", "self")
-IF_ENUM_NAMES(Config::Exchange, "kv", "exact")
+IF_ENUM_NAMES(Config::Exchange, "kv", "exact", "kv-answer-exact", "exact-answer-kv", "gather",
+              "compact-int8", "compact-int4", "compact-int4h")
 IF_ENUM_NAMES(Config::Placement, "chunks", "tokens")
 IF_ENUM_NAMES(Config::Balance, "auto", "true", "false")
 IF_ENUM_NAMES(Config::LinkKind, "auto", "shm", "tcp", "ib", "nvlink")
@@ -64,6 +65,7 @@ IF_ENUM_NAMES(Config::StoreDType, "f16", "bf16", "f32")
 IF_ENUM_NAMES(Config::KvDType, "f32", "f16", "bf16")
 IF_ENUM_NAMES(Config::Weights, "native", "f32")
 IF_ENUM_NAMES(Config::CpuIsa, "auto", "avx2", "avx512", "amx")
+IF_ENUM_NAMES(Config::SweepClock, "wall", "cpu")
 
 #undef IF_ENUM_NAMES
 
@@ -739,6 +741,7 @@ const std::vector<Field>& fields() {
         f.push_back(float_array_field("sweep.depths", sw, &Sw::depths, 0.0, 1.0));
         f.push_back(int_field("sweep.distractors", sw, &Sw::distractors, -1));
         f.push_back(string_field("sweep.filler_file", sw, &Sw::filler_file));
+        f.push_back(enum_field("sweep.clock", sw, &Sw::clock));
 
         const auto store = &C::store;
         using St = C::StoreSection;
@@ -1056,6 +1059,16 @@ const char* to_string(Config::BlendMetric v) { return enum_name(v); }
 const char* to_string(Config::EpicMode v) { return enum_name(v); }
 const char* to_string(Config::Comm v) { return enum_name(v); }
 const char* to_string(Config::Exchange v) { return enum_name(v); }
+bool exchange_recompute_kv(Config::Exchange v) {
+    return v == Config::Exchange::kv || v == Config::Exchange::kv_answer_exact;
+}
+bool exchange_answer_kv(Config::Exchange v) {
+    return v == Config::Exchange::kv || v == Config::Exchange::exact_answer_kv;
+}
+bool exchange_whole_context(Config::Exchange v) {
+    return v == Config::Exchange::gather || v == Config::Exchange::compact_int8 ||
+           v == Config::Exchange::compact_int4 || v == Config::Exchange::compact_int4h;
+}
 const char* to_string(Config::Placement v) { return enum_name(v); }
 const char* to_string(Config::Balance v) { return enum_name(v); }
 const char* to_string(Config::LinkKind v) { return enum_name(v); }
@@ -1066,6 +1079,7 @@ const char* to_string(Config::StoreDType v) { return enum_name(v); }
 const char* to_string(Config::KvDType v) { return enum_name(v); }
 const char* to_string(Config::Weights v) { return enum_name(v); }
 const char* to_string(Config::CpuIsa v) { return enum_name(v); }
+const char* to_string(Config::SweepClock v) { return enum_name(v); }
 
 nlohmann::json Config::to_json() const {
     json j = json::object();

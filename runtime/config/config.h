@@ -41,7 +41,18 @@ struct Config {
     enum class BlendMetric { v, k };
     enum class EpicMode { ratio, fixed };
     enum class Comm { automatic, mpi, nccl, self };  // "auto"
-    enum class Exchange { kv, exact };
+    // parallel.exchange (docs/design.md §5.2): what a recomputed token and the answer see on P
+    // ranks, and what travels for it.
+    enum class Exchange {
+        kv,               // recompute and answer: chunk 0, own shard (rank 0's), S
+        exact,            // pass-Q: every key, the one-rank result
+        kv_answer_exact,  // recompute as kv, the answer across the ranks (every key)
+        exact_answer_kv,  // recompute as exact, the answer as kv (the decomposition's other half)
+        gather,           // every context row to every rank as stored: the one-rank result
+        compact_int8,     // the unselected rows once as 8-bit codes, S at full precision
+        compact_int4,     // the same with 4-bit codes
+        compact_int4h     // 4-bit codes of each head turned by a Hadamard matrix
+    };
     enum class Placement { chunks, tokens };    // parallel.placement
     enum class Balance { automatic, on, off };  // parallel.balance: "auto" | true | false
     enum class LinkKind { automatic, shm, tcp, ib, nvlink };  // parallel.link ("auto")
@@ -52,6 +63,7 @@ struct Config {
     enum class KvDType { f32, f16, bf16 };
     enum class Weights { native, f32 };             // model.weights
     enum class CpuIsa { automatic, avx2, avx512, amx };  // cpu.isa ("auto")
+    enum class SweepClock { wall, cpu };                 // sweep.clock
 
     static constexpr int k_default_chunk_size = 2048;
 
@@ -142,7 +154,8 @@ struct Config {
     struct ParallelSection {
         Comm comm = Comm::automatic;
         Exchange exchange = Exchange::kv;
-        int emulate_ranks = 0;  // > 0: single-rank run with the "kv" mask of P ranks (§5.2)
+        // > 1: single-rank run with what `exchange` computes on this many ranks (§5.2)
+        int emulate_ranks = 0;
         // job sweep: > 1 runs a point's method on this many virtual ranks in one process (the
         // sequence-parallel code over an in-process communicator); 0/1 = one rank.
         int virtual_ranks = 0;
@@ -224,6 +237,9 @@ struct Config {
         std::vector<double> depths;        // evidence depths in [0, 1], in turn
         int distractors = -1;              // documents with a distractor; -1 = every other
         std::string filler_file;           // filler text; "" = the built-in prose
+        // What the points' times read (runtime/core/timing_clock.h): "cpu" = the process's CPU
+        // time, which leaves out what other processes took (model.threads = 1 only).
+        SweepClock clock = SweepClock::wall;
     };
     // The document KV store (docs/design.md §8; layout in docs/store.md). Replaces the former
     // [cache] section (cache.path, cache.build_from), which is no longer accepted.
@@ -307,6 +323,7 @@ const char* to_string(Config::Backend v);
 const char* to_string(Config::DType v);
 const char* to_string(Config::Weights v);
 const char* to_string(Config::CpuIsa v);
+const char* to_string(Config::SweepClock v);
 const char* to_string(Config::Template v);
 const char* to_string(Config::ChatTemplate v);
 const char* to_string(Config::ChunkMode v);
@@ -319,6 +336,13 @@ const char* to_string(Config::BlendMetric v);
 const char* to_string(Config::EpicMode v);
 const char* to_string(Config::Comm v);
 const char* to_string(Config::Exchange v);
+// What a parallel.exchange value computes on P ranks (docs/design.md §5.2):
+// recomputed tokens see chunk 0, their own shard and S (`kv`, `kv-answer-exact`); the answer's
+// rows see chunk 0, rank 0's shard and S (`kv`, `exact-answer-kv`); every rank gathers every
+// context token's K/V once and the answer runs on rank 0 (`gather`, `compact-*`).
+bool exchange_recompute_kv(Config::Exchange v);
+bool exchange_answer_kv(Config::Exchange v);
+bool exchange_whole_context(Config::Exchange v);
 const char* to_string(Config::Placement v);
 const char* to_string(Config::Balance v);
 const char* to_string(Config::LinkKind v);

@@ -197,8 +197,16 @@ const std::map<std::string, std::string>& descriptions() {
          "deadline in seconds of every blocking collective or wait; a peer that does not arrive "
          "ends the job naming the rank and phase"},
         {"parallel.exchange",
-         "recompute exchange on P ranks: `kv` all-gathers the selected tokens' K/V; `exact` "
-         "passes the queries (pass-Q) and reproduces the one-rank result"},
+         "what a recomputed token and the answer see on P ranks, and what travels for it "
+         "(docs/design.md §5.2): `kv` all-gathers the selected tokens' K/V per layer (a "
+         "recomputed token sees chunk 0, its shard and S; the answer on rank 0 sees rank 0's "
+         "shard and S); `exact` passes the queries (pass-Q) and reproduces the one-rank result; "
+         "`gather` all-gathers every context token's K/V once as stored (the one-rank result, "
+         "every rank holding the whole context); `compact-int8` / `compact-int4` the same with "
+         "the unselected tokens' rows as 8-bit / 4-bit codes, `compact-int4h` as 4-bit codes of "
+         "each head turned by a Hadamard matrix (runtime/method/kv_codec.h); "
+         "`kv-answer-exact` and `exact-answer-kv` mix the two halves (`kv`'s recompute with "
+         "`exact`'s answer, and the reverse: the decomposition of docs/quality.md)"},
         {"parallel.virtual_ranks",
          "job `sweep`: run a point's method on this many virtual ranks in one process (the "
          "sequence-parallel code, its messages through an in-process communicator, the ranks "
@@ -234,8 +242,11 @@ const std::map<std::string, std::string>& descriptions() {
          "with the sink, docs/design.md §5.1); the chunking then depends on P, and the one-rank "
          "oracle of a `tokens` run is `parallel.emulate_ranks = P` with `tokens`"},
         {"parallel.emulate_ranks",
-         "on one rank, run the `kv` visibility mask of this many ranks (the oracle of a "
-         "P-rank `kv` run); `0` = off; with `bench.emulate_timing`: the number of virtual ranks"},
+         "on one rank, compute what `parallel.exchange` computes on this many ranks (the "
+         "oracle of a P-rank run): the `kv` visibility mask where the exchange's recompute or "
+         "answer has it, the compact codes of the unselected rows for `compact-*`, nothing for "
+         "`exact` and `gather`; `0` = off; with `bench.emulate_timing`: the number of virtual "
+         "ranks"},
         {"ring.layout",
          "sequence layout of ring attention: `zigzag` (causal balance) or "
          "`contiguous`"},
@@ -304,6 +315,12 @@ const std::map<std::string, std::string>& descriptions() {
         {"sweep.full_correct_only",
          "keep only cases `full` answers correctly (at most 4 x `sweep.cases` are tried)"},
         {"sweep.cases_file", "also write the cases as `eval` JSONL; empty = no"},
+        {"sweep.clock",
+         "what the points' times (online ms, TTFT, the virtual ranks' compute segments) read: "
+         "`wall` = the wall clock; `cpu` = the process's CPU time, which on a machine shared "
+         "with other work leaves out the time other processes took (the virtual ranks' critical "
+         "path takes the slowest rank at every collective, so that time would inflate balanced "
+         "schedules most); needs `model.threads = 1` (docs/quality.md)"},
         {"sweep.first_case",
          "generator index of the first case tried: shards of one long run in separate processes "
          "(e.g. 0 and 1000), their row logs concatenated (docs/quality.md)"},

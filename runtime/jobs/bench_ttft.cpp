@@ -93,7 +93,8 @@ nlohmann::json timing_json(const EmulatedTiming& t) {
 }
 
 // The rows of bench.methods: `full` is "single", ring its zigzag and contiguous layouts (and
-// the all-gather one when asked), a P-rank method its kv and exact exchanges.
+// the all-gather one when asked), a P-rank method its kv and exact exchanges and the configured
+// parallel.exchange when it is another.
 std::vector<Variant> make_variants(const Config& base, int P) {
     std::vector<Variant> variants;
     for (Config::Method m : base.bench.methods) {
@@ -113,7 +114,15 @@ std::vector<Variant> make_variants(const Config& base, int P) {
         } else if (m == Config::Method::full) {
             variants.push_back({"single", c});
         } else if (P > 1) {
-            for (auto ex : {Config::Exchange::kv, Config::Exchange::exact}) {
+            // kv and exact, and the configured parallel.exchange (the default's) when it is
+            // neither.
+            std::vector<Config::Exchange> exchanges = {Config::Exchange::kv,
+                                                       Config::Exchange::exact};
+            if (base.parallel.exchange != Config::Exchange::kv &&
+                base.parallel.exchange != Config::Exchange::exact) {
+                exchanges.push_back(base.parallel.exchange);
+            }
+            for (auto ex : exchanges) {
                 c.parallel.exchange = ex;
                 variants.push_back({std::string(to_string(m)) + "/" + to_string(ex), c});
             }

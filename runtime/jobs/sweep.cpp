@@ -23,6 +23,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/progress.h"
+#include "runtime/core/timing_clock.h"
 #include "runtime/jobs/cases.h"
 #include "runtime/jobs/fidelity.h"
 #include "runtime/jobs/job_report.h"
@@ -33,6 +34,7 @@
 #include "runtime/method/phases.h"
 #include "runtime/model/sampling.h"
 #include "runtime/parallel/emulate.h"
+#include "runtime/parallel/ring.h"
 #include "runtime/store/kv_store.h"
 
 namespace infoflow {
@@ -226,15 +228,21 @@ void check_sweep_config(const Config& cfg, const Session& s) {
     IF_CHECK(cfg.store.path.empty(),
              "job sweep: store.path is set per point (sweep.points: \"store.path=...\"), not for "
              "the whole sweep");
+    IF_CHECK(cfg.sweep.clock == Config::SweepClock::wall || cfg.model.threads == 1,
+             "sweep.clock = \"cpu\" needs model.threads = 1 (the process's CPU time counts "
+             "every thread), got model.threads = "
+                 << cfg.model.threads);
 }
 
 void print_header(const SweepState& st) {
     const Config& cfg = st.cfg;
     std::string kinds;
     for (const auto& x : cfg.sweep.kinds) kinds += (kinds.empty() ? "" : "+") + x;
-    std::printf("sweep      : %s (%s, %d threads), %zu points x %d cases (%s), reference %s\n",
-                st.s.weights->source.c_str(), st.s.backend->device().c_str(), cfg.model.threads,
-                st.points.size(), cfg.sweep.cases, kinds.c_str(), cfg.sweep.reference.c_str());
+    std::printf(
+        "sweep      : %s (%s, %d threads), %zu points x %d cases (%s), reference %s, %s clock\n",
+        st.s.weights->source.c_str(), st.s.backend->device().c_str(), cfg.model.threads,
+        st.points.size(), cfg.sweep.cases, kinds.c_str(), cfg.sweep.reference.c_str(),
+        to_string(cfg.sweep.clock));
     std::printf(
         "cases      : ~%d context tokens in %d documents, %s layout, seed %llu, from case "
         "%d%s\n",
@@ -353,6 +361,31 @@ PointRun run_point(SweepState& st, CaseRun& c, const Point& p) {
     return out;
 }
 
+// The busiest rank's bytes of ring attention (zigzag, p2p) over the same prompt on P ranks: the
+// reference of the exchanges' bytes (docs/quality.md, "P ranks").
+uint64_t ring_reference_bytes(Model& model, int n_tokens, int P) {
+    const KvCache one = model.make_cache(1);
+    const std::vector<uint64_t> b =
+        ring_prefill_bytes(n_tokens, P, true, one.row_bytes(), model.config().n_layer);
+    return *std::max_element(b.begin(), b.end());
+}
+
+// A P-rank point's communication up to the first token (every phase before the decode): each
+// rank's bytes sent + received, the busiest rank's, and the ring's reference.
+void add_bytes(json& row, const MethodResult& r, uint64_t ring_max) {
+    std::vector<uint64_t> per_rank;
+    for (const auto& phase : r.phases_per_rank) {
+        if (phase.empty() || phase[0].name == "decode") continue;
+        per_rank.resize(phase.size(), 0);
+        for (size_t q = 0; q < phase.size(); ++q) {
+            per_rank[q] += phase[q].bytes_sent + phase[q].bytes_recv;
+        }
+    }
+    row["bytes_ranks"] = per_rank;
+    row["bytes_max"] = per_rank.empty() ? 0 : *std::max_element(per_rank.begin(), per_rank.end());
+    row["ring_bytes_max"] = ring_max;
+}
+
 // The time to the first token a point would have: the shared chunk prefill plus its own
 // online work (a store point loads its chunks itself; virtual ranks: the modelled critical path
 // after the shard prefill, which copies the shared chunks; emulate.h).
@@ -412,6 +445,7 @@ json point_row(const SweepState& st, const CaseRun& c, const std::string& label,
         row["critical_path"] = cp;
         row["exchange"] = to_string(pcfg.parallel.exchange);
         row["softmax"] = to_string(pcfg.scoring.softmax);
+        add_bytes(row, r, ring_reference_bytes(st.model, c.T + r.suffix_tokens, pr.timing.ranks));
     }
     return row;
 }
@@ -471,9 +505,9 @@ bool run_case(SweepState& st, int idx, progress::Sweep& sweep) {
     if (cfg.sweep.full_correct_only && !c.full_correct) return false;
     ++st.kept;
     if (!cfg.sweep.cases_file.empty()) st.cases_text += case_json(c.qc).dump() + "\n";
-    const auto t_chunks = Clock::now();
+    const double t_chunks = timing_now_ms();
     c.chunks = prefill_context(st.model, c.req, 1, c.req.n_chunks());  // phase 1, once
-    c.chunk_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_chunks).count();
+    c.chunk_ms = timing_now_ms() - t_chunks;
     c.rows.resize(st.points.size() + 1);
     PointRun full{c.full, c.full_rows, false, {}};
     record(c, st.full_vals, point_row(st, c, "full", full, true, false, st.full_cfg), c.rows[0]);
@@ -589,6 +623,7 @@ json sweep_json(SweepState& st, json summary, json full_by_relation, double wall
     for (const Point& p : st.points) pts.push_back(p.label);
     out["points"] = pts;
     out["wall_s"] = wall_s;
+    out["clock"] = to_string(cfg.sweep.clock);
     out["rows"] = std::move(st.rows);
     out["summary"] = std::move(summary);
     out["config"] = cfg.to_json();
@@ -622,6 +657,8 @@ CaseSpec sweep_case_spec(const Config& cfg, const std::string& separator) {
 nlohmann::json run_sweep(const Config& cfg, Session& s) {
     const auto t_start = Clock::now();
     check_sweep_config(cfg, s);
+    const ScopedTimingClock timing(cfg.sweep.clock == Config::SweepClock::cpu ? TimingClock::cpu
+                                                                              : TimingClock::wall);
     SweepState st(cfg, s);
     print_header(st);
     progress::set_phase_lines(false);

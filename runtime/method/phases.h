@@ -4,7 +4,6 @@
 // answer of phase 4 on one cache. What differs between the two pipelines stays in their own files.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -12,6 +11,7 @@
 
 #include "runtime/config/config.h"
 #include "runtime/core/progress.h"
+#include "runtime/core/timing_clock.h"
 #include "runtime/method/chunk_kv.h"
 #include "runtime/method/chunk_store.h"
 #include "runtime/method/pipeline.h"
@@ -85,18 +85,17 @@ double sum_ms(const std::vector<PhaseTime>& phases);
 // communication of a distributed one).
 class PhaseClock {
   public:
-    explicit PhaseClock(std::vector<PhaseTime>& out) : out_(out), t_(now()) {}
+    explicit PhaseClock(std::vector<PhaseTime>& out) : out_(out), t_(timing_now_ms()) {}
     void mark(const std::string& name) {
-        const auto t = now();
-        out_.push_back({name, std::chrono::duration<double, std::milli>(t - t_).count()});
+        const double t = timing_now_ms();
+        out_.push_back({name, t - t_});
         progress::phase_end(name, out_.back().ms);
         t_ = t;
     }
 
   private:
-    static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
     std::vector<PhaseTime>& out_;
-    std::chrono::steady_clock::time_point t_;
+    double t_;  // timing_clock.h: the wall clock unless a job chose the CPU time
 };
 
 }  // namespace infoflow

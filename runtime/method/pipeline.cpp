@@ -15,6 +15,7 @@
 #include "runtime/core/progress.h"
 #include "runtime/method/chunk_kv.h"
 #include "runtime/method/chunk_store.h"
+#include "runtime/method/kv_codec.h"
 #include "runtime/method/phases.h"
 #include "runtime/method/placement.h"
 #include "runtime/method/recompute.h"
@@ -35,10 +36,14 @@ struct Context {
     std::vector<int32_t> slot_token;           // [T]
     std::vector<int> slot_chunk;               // [T]
     std::vector<int> chunk_begin, chunk_size;  // per chunk, in `order`
-    // parallel.emulate_ranks = P > 1: the shard of each slot ([T]), for the "kv" visibility of
-    // P ranks in one process (§5.2); empty otherwise.
+    // parallel.emulate_ranks = P > 1 with an exchange that restricts what some rows see: the
+    // shard of each slot ([T]), for the "kv" visibility of P ranks in one process (§5.2); empty
+    // otherwise.
     std::vector<int32_t> slot_group;
     bool grouped() const { return !slot_group.empty(); }
+    // The visibility group of the answer's rows: 0 (rank 0's) where the exchange's answer sees
+    // rank 0's shard only, else -1 (every key).
+    int32_t answer_group = -1;
 };
 
 // Phase 2's result: the slots to recompute, and where the recompute starts.
@@ -95,11 +100,18 @@ std::vector<int> reorder_chunks(Model& model, const PreparedRequest& req, const 
     return reorder_by_selection(sel, slot_chunk, sizes);
 }
 
+// parallel.emulate_ranks = P > 1 and an exchange whose recompute or answer sees only part of
+// the keys (the "kv" visibility, §5.2): the context slots then carry their shard as a group.
+bool emulated_groups(const Config& cfg) {
+    const Config::Exchange ex = cfg.parallel.exchange;
+    return cfg.parallel.emulate_ranks > 1 && (exchange_recompute_kv(ex) || exchange_answer_kv(ex));
+}
+
 // InfoFlow scores the context cache itself when its positions are the scoring layout's (global)
 // and no emulated-rank groups restrict what the rows see; otherwise it assembles a scoring cache
 // of its own from the chunks.
 bool scores_in_context_cache(const Config& cfg) {
-    return cfg.scoring.layout == Config::Layout::global && cfg.parallel.emulate_ranks <= 1;
+    return cfg.scoring.layout == Config::Layout::global && !emulated_groups(cfg);
 }
 
 // The chunks in `order` assembled in a cache with room for the suffix and the answer. With
@@ -120,13 +132,17 @@ Context assemble_context(Model& model, const PreparedRequest& req, const Config&
         }
     }
     // Emulated ranks: chunk 0 and (once selected) S are visible to all; every other token only
-    // to the queries of its shard; suffix and decode rows are rank 0's.
+    // to the queries of its shard where the exchange restricts them (the recompute's, or the
+    // answer's: rank 0's).
     const int emulate = cfg.parallel.emulate_ranks;
     if (emulate > 1) {
         IF_CHECK(!cfg.method.reorder,
                  "parallel.emulate_ranks with method.reorder is not supported");
         IF_CHECK(cfg.scoring.softmax == Config::Softmax::global,
                  "parallel.emulate_ranks needs scoring.softmax = \"global\"");
+    }
+    if (emulated_groups(cfg)) {
+        if (exchange_answer_kv(cfg.parallel.exchange)) x.answer_group = 0;
         std::vector<int> sizes;
         for (const auto& ch : req.chunks) sizes.push_back(int(ch.size()));
         const Placement place = place_chunks(sizes, emulate);
@@ -207,7 +223,7 @@ Selection infoflow_select(Model& model, const PreparedRequest& req, const Config
     Buffer h;
     std::vector<double> dev;
     if (w > 0.0) {
-        IF_CHECK(!x.grouped(),
+        IF_CHECK(cfg.parallel.emulate_ranks <= 1,
                  "scoring.deviation_weight with parallel.emulate_ranks is not "
                  "implemented yet");
         IF_CHECK(model.config().n_layer > 1, "scoring.deviation_weight needs >= 2 layers");
@@ -251,21 +267,53 @@ Selection score_and_select(Model& model, const PreparedRequest& req, const Confi
     return s;
 }
 
+// Every context slot's group set to `group`.
+void set_groups(Context& x, int32_t group) {
+    for (int j = 0; j < int(x.gpos.size()); ++j) x.cache.set_group(j, group);
+}
+
+// Emulated "gather" / "compact-*" exchanges: what the ranks receive of every context token
+// outside chunk 0 that no one recomputes, the same rows through the same codes (§5.2).
+void emulate_context_codes(const Config& cfg, Context& x, const Selection& s) {
+    const Config::Exchange ex = cfg.parallel.exchange;
+    if (cfg.parallel.emulate_ranks <= 1 || !exchange_whole_context(ex)) return;
+    if (ex == Config::Exchange::gather) return;  // rows as stored: nothing changes
+    std::vector<uint8_t> selected(x.gpos.size(), 0);
+    for (int j : s.selected) selected[size_t(j)] = 1;
+    std::vector<int32_t> slots;
+    for (int j = 0; j < int(x.gpos.size()); ++j) {
+        if (x.slot_chunk[j] != 0 && !selected[size_t(j)]) slots.push_back(j);
+    }
+    round_trip_cache_rows(exchange_kv_codec(ex), x.cache, slots);
+}
+
 // Phase 3 (§3.5): S through the layers from s.first_layer, its new K/V written first. With
-// emulated ranks each selected query keeps its shard's group, and S becomes visible to all.
-void recompute(Model& model, Context& x, const Selection& s) {
+// emulated groups each selected query keeps its shard's group where the exchange's recompute
+// sees its shard only (else every key), S becomes visible to all, and where the answer sees
+// every key, so does every slot afterwards.
+void recompute(Model& model, const Config& cfg, Context& x, const Selection& s) {
+    const bool masked = x.grouped() && exchange_recompute_kv(cfg.parallel.exchange);
     std::vector<int32_t> slots, toks, pos, group;
     for (int j : s.selected) {
         slots.push_back(j);
         toks.push_back(x.slot_token[j]);
         pos.push_back(x.gpos[j]);
-        if (x.grouped()) {
-            group.push_back(x.slot_group[j]);
-            x.cache.set_group(j, -1);
-        }
+        if (masked) group.push_back(x.slot_group[j]);
     }
-    recompute_selected(model, x.cache, slots, toks, pos, x.grouped() ? &group : nullptr,
-                       s.first_layer, s.first_layer > 0 ? s.hidden.data() : nullptr);
+    if (masked) {
+        for (int j : s.selected) x.cache.set_group(j, -1);  // S visible to every query
+    } else if (x.grouped()) {
+        set_groups(x, -1);  // the recompute sees every key
+    }
+    recompute_selected(model, x.cache, slots, toks, pos, masked ? &group : nullptr, s.first_layer,
+                       s.first_layer > 0 ? s.hidden.data() : nullptr);
+    if (!x.grouped()) return;
+    if (x.answer_group < 0) {
+        set_groups(x, -1);
+    } else if (!masked) {  // the shards' groups back for the answer; S stays visible to all
+        for (int j = 0; j < int(x.gpos.size()); ++j) x.cache.set_group(j, x.slot_group[j]);
+        for (int j : s.selected) x.cache.set_group(j, -1);
+    }
 }
 
 }  // namespace
@@ -345,17 +393,18 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     const Selection s = score_and_select(model, req, cfg, chunks, x);
     if (cfg.method.name != Config::Method::none) clock.mark("scoring");
     piece_done(double(req.suffix.size()));  // the scoring rows' pass (job serve, pieces.h)
-    recompute(model, x, s);
+    emulate_context_codes(cfg, x, s);
+    recompute(model, cfg, x, s);
     clock.mark("recompute");
     for (int j : s.selected) r.selected_positions.push_back(x.gpos[j]);
 
-    // The answer (§3.6); with emulated ranks the suffix and decode rows are rank 0's.
-    r.first_logits = prefill_suffix(model, x.cache, req, x.grouped() ? 0 : -1);
+    // The answer (§3.6); with emulated ranks the suffix and decode rows may be rank 0's.
+    r.first_logits = prefill_suffix(model, x.cache, req, x.answer_group);
     clock.mark("suffix_prefill");
     r.ttft_ms = sum_ms(r.phases);
     GenerateOptions gen = generate_options(cfg, stop_ids);
     gen.on_token = hooks.on_token;
-    if (x.grouped()) gen.group = 0;
+    gen.group = x.answer_group;
     if (hooks.forced_ref) {  // the same teacher forcing as on P ranks (run_method_sp)
         const std::vector<float> rows =
             teacher_forced_logits(model, x.cache, r.context_tokens + r.suffix_tokens,

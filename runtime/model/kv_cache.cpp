@@ -11,6 +11,7 @@ KvCache::KvCache(Backend& backend, const ModelConfig& config, int capacity, KvDt
     : backend_(&backend),
       n_layer_(config.n_layer),
       row_(config.n_head_kv * config.head_dim),
+      head_dim_(config.head_dim),
       capacity_(capacity),
       dtype_(dtype) {
     IF_CHECK(capacity >= 0, "KV cache capacity must be >= 0, got " << capacity);

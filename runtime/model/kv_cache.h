@@ -34,7 +34,9 @@ class KvCache {
     int capacity() const { return capacity_; }
     int n_layer() const { return n_layer_; }
     int row() const { return row_; }  // elements per slot per layer: n_head_kv * head_dim
+    int head_dim() const { return head_dim_; }
     KvDtype dtype() const { return dtype_; }
+    Backend& backend() const { return *backend_; }  // where the rows live
     size_t row_bytes() const { return size_t(row_) * kv_dtype_size(dtype_); }
 
     // Appends `n` slots (contents undefined until written) and returns the first index.
@@ -90,6 +92,7 @@ class KvCache {
     Backend* backend_;
     int n_layer_ = 0;
     int row_ = 0;
+    int head_dim_ = 0;
     int capacity_ = 0;
     int size_ = 0;
     bool any_group_ = false;

@@ -2,34 +2,32 @@
 // (bytes sent and received, time waited), taken from the communicator's accounting (§5.5).
 #pragma once
 
-#include <chrono>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "runtime/core/progress.h"
+#include "runtime/core/timing_clock.h"
 #include "runtime/method/pipeline.h"
 
 namespace infoflow {
 
 // Times phases and takes this rank's communication in each from the communicator (§5.5).
 class SpClock final {
-    using Clock = std::chrono::steady_clock;
-
   public:
     SpClock(Communicator& comm, std::vector<PhaseTime>& out) : comm_(comm), out_(out) {}
     void begin(const std::string& name) {
         name_ = name;
         comm_.set_phase(name);
         start_ = comm_.stats(name);
-        t0_ = Clock::now();
+        t0_ = timing_now_ms();
         progress::phase_begin(name);
     }
     void end() {
         const CommStats s = comm_.stats(name_);
         PhaseTime p;
         p.name = name_;
-        p.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
+        p.ms = timing_now_ms() - t0_;
         p.bytes_sent = s.bytes_sent - start_.bytes_sent;
         p.bytes_recv = s.bytes_recv - start_.bytes_recv;
         p.wait_ms = s.wait_ms - start_.wait_ms;
@@ -43,7 +41,7 @@ class SpClock final {
     std::vector<PhaseTime>& out_;
     std::string name_;
     CommStats start_;
-    Clock::time_point t0_;
+    double t0_ = 0.0;  // timing_clock.h
 };
 
 }  // namespace infoflow

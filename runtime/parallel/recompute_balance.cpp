@@ -228,4 +228,29 @@ RecomputePlan plan_recompute(const std::vector<RecomputeToken>& tokens, int n_ra
     return plan;
 }
 
+std::vector<int> deal_recompute(const std::vector<int>& visible_keys, int n_ranks,
+                                const RecomputeCost& cost, std::vector<double>* load) {
+    const int n = int(visible_keys.size());
+    std::vector<double> work(n);
+    double total = 0.0;
+    for (int i = 0; i < n; ++i) {
+        work[i] = cost.linear + cost.per_key * double(visible_keys[i]);
+        total += work[i];
+    }
+    // Token i goes to the rank whose share of the total holds the middle of its work: the ranks
+    // rise with i, so each run is contiguous.
+    std::vector<int> runner(n, 0);
+    std::vector<double> per_rank(size_t(n_ranks), 0.0);
+    double before = 0.0;
+    for (int i = 0; i < n; ++i) {
+        const double mid = before + 0.5 * work[i];
+        const int r = total > 0.0 ? int(mid / total * n_ranks) : 0;
+        runner[i] = std::clamp(r, 0, n_ranks - 1);
+        per_rank[size_t(runner[i])] += work[i];
+        before += work[i];
+    }
+    if (load) *load = per_rank;
+    return runner;
+}
+
 }  // namespace infoflow

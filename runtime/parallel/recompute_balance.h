@@ -88,6 +88,14 @@ RecomputePlan plan_recompute(const std::vector<RecomputeToken>& tokens, int n_ra
                              const RecomputeCost& cost, BalanceMode mode,
                              const BalanceModel& model);
 
+// The whole-context exchanges ("gather", "compact-*", docs/design.md §5.2): every rank holds
+// every key, so any rank runs any selected token alone and no bytes depend on who runs it.
+// Tokens in position order, token i seeing `visible_keys[i]` keys; returns the rank that runs
+// each: P contiguous runs of about equal work (cost.linear + cost.per_key * keys each), run p on
+// rank p. `load` (optional) receives each rank's work per layer ([P]).
+std::vector<int> deal_recompute(const std::vector<int>& visible_keys, int n_ranks,
+                                const RecomputeCost& cost, std::vector<double>* load = nullptr);
+
 // The model's figure for a given assignment (runner[i] for each token).
 PlanCost plan_cost(const std::vector<RecomputeToken>& tokens, const std::vector<int>& runner,
                    const std::vector<double>& load, int n_ranks, const BalanceModel& model);

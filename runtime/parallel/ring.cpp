@@ -31,6 +31,21 @@ std::vector<std::vector<int32_t>> ring_shards(int n, int n_ranks, bool zigzag) {
     return out;
 }
 
+std::vector<uint64_t> ring_prefill_bytes(int n, int n_ranks, bool zigzag, size_t row_bytes,
+                                         int n_layer) {
+    const int P = n_ranks;
+    const auto shards = ring_shards(n, P, zigzag);
+    std::vector<uint64_t> out(P, 0);
+    for (int r = 0; r < P; ++r) {
+        uint64_t rows = 0;
+        for (int s = 0; s + 1 < P; ++s) {
+            rows += shards[(r - s + P) % P].size() + shards[(r - s - 1 + 2 * P) % P].size();
+        }
+        out[r] = rows * 2 * row_bytes * uint64_t(n_layer);
+    }
+    return out;
+}
+
 namespace {
 
 // One rank's share of the ring prefill: its tokens' hidden states and attention scratch. K/V

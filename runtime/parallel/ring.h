@@ -19,6 +19,14 @@ namespace infoflow {
 // Token indices (positions) of each rank's shard of a sequence of n tokens.
 std::vector<std::vector<int32_t>> ring_shards(int n, int n_ranks, bool zigzag);
 
+// What the ring's prefill ("p2p") moves on each rank, bytes sent plus received ([n_ranks]), as
+// the communicator counts them (comm/communicator.h): per layer P - 1 steps, at step s rank r
+// sending the block of rank r - s and receiving that of rank r - s - 1 (mod P), each block its
+// shard's K and V rows of `row_bytes`. The reference the exchanges' bytes are held to
+// (docs/quality.md, "P ranks").
+std::vector<uint64_t> ring_prefill_bytes(int n, int n_ranks, bool zigzag, size_t row_bytes,
+                                         int n_layer);
+
 MethodResult run_ring(Model& model, const PreparedRequest& req, const Config& cfg,
                       Communicator& comm, const std::vector<int32_t>& stop_ids,
                       const TokenCallback& on_token = {});

@@ -5,6 +5,7 @@
 //   2. score_and_select  (sp_select.cpp)    merged row states, one all-reduce of the scores
 //   3. recompute_kv      (sp_recompute.cpp) all-gather of the selected tokens' K/V per layer
 //      recompute_exact   (sp_recompute.cpp) pass-Q partial attention per layer
+//      gather_context, recompute_whole (sp_gather.cpp) every context row once, then S per layer
 //   4. answer_kv / answer_exact (sp_answer.cpp)
 #pragma once
 
@@ -78,6 +79,35 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
 // Phase 3, "exact": the selected queries attend over every rank's keys (pass-Q).
 void recompute_exact(Model& model, Communicator& comm, const PreparedRequest& req, const Shard& sh,
                      const SpSelection& sel, KvCache& cache);
+// After "exact" ("exact-answer-kv"): every selected token's recomputed K/V of every layer from
+// its owner into slots appended on every other rank, as "kv" leaves them for the answer.
+void share_selected_kv(Model& model, Communicator& comm, const Shard& sh, const SpSelection& sel,
+                       KvCache& cache);
+
+// The whole-context exchanges ("gather", "compact-*", sp_gather.cpp). At phase 1, with the
+// shard's own cache: the cache of the whole context this rank will hold (slot g = context token
+// g at its global position, room for the suffix and the answer), its pages touched, chunk 0
+// copied in from the shard cache.
+KvCache whole_context_cache(Model& model, const PreparedRequest& req, const Config& cfg,
+                            const Shard& sh, const KvCache& shard_cache);
+// Phase 3, first, once: every other context token's K/V into it — each unselected token from its
+// owner, as stored ("gather") or as codes (kv_codec.h), each rank decoding its own rows too, and
+// this rank's selected tokens as stored.
+void gather_context(Model& model, Communicator& comm, const PreparedRequest& req,
+                    const Config& cfg, const Shard& sh, const SpSelection& sel,
+                    const KvCache& shard_cache, KvCache& full);
+// Then the recompute and the suffix prefill in one pass over it (the same arithmetic as one
+// after the other: S never sees the suffix, and at layer l the suffix rows see S's layer-l K/V,
+// final by then). S and the suffix rows are dealt out in P contiguous runs of about equal work
+// (recompute_balance.h, deal_recompute), rank 0 taking the last, and each rank's new K/V are
+// all-gathered per layer; in the layers before sel.first_layer only the suffix rows run, S's
+// rows coming from their owners. Returns the last suffix row's hidden state on rank 0
+// ([n_embd]; empty elsewhere). `result` (optional) receives each rank's modelled work.
+std::vector<float> recompute_whole(Model& model, Communicator& comm, const PreparedRequest& req,
+                                   const Shard& sh, const SpSelection& sel, KvCache& full,
+                                   MethodResult* result = nullptr);
+// The logits of one hidden row ([n_embd] -> [n_vocab]); empty for an empty row.
+std::vector<float> logits_of_row(Model& model, const std::vector<float>& hidden);
 
 // Phase 4, the suffix prefill: "kv" on rank 0 alone over its cache; "exact" SPMD with partial
 // attention merged across ranks. Both return the first-token logits on rank 0 ([n_vocab]).

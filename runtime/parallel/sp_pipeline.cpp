@@ -2,9 +2,12 @@
 // (sp_phases.h), timed and their communication counted here alone.
 #include "runtime/parallel/sp_pipeline.h"
 
+#include <memory>
+
 #include "runtime/core/error.h"
 #include "runtime/core/pieces.h"
 #include "runtime/method/chunk_store.h"
+#include "runtime/method/kv_codec.h"
 #include "runtime/method/phases.h"
 #include "runtime/parallel/phase_clock.h"
 #include "runtime/parallel/sp_phases.h"
@@ -54,7 +57,14 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
              "\"exact\" or teacher forcing is not implemented yet");
     // parallel.placement = "tokens": chunks cut at the even shard edges of these P ranks (§5.1)
     const PreparedRequest req = place_request(req_in, cfg, comm.size());
-    const bool exact = cfg.parallel.exchange == Config::Exchange::exact;
+    const Config::Exchange ex = cfg.parallel.exchange;
+    const bool whole = exchange_whole_context(ex);
+    // The answer across the ranks (every key, partial states merged), or on rank 0 over its cache
+    // (chunk 0, its shard and S; with a whole-context exchange, every key).
+    const bool exact = !whole && !exchange_answer_kv(ex);
+    if (whole && ex != Config::Exchange::gather) {  // before any collective, on every rank
+        check_kv_codec(exchange_kv_codec(ex), model.config().head_dim);
+    }
     MethodResult r = start_result(model, req, cfg, comm.size());
     r.chunk_order = identity_order(req.n_chunks());
     SpClock clock(comm, r.phases);
@@ -71,6 +81,11 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
         },
         hooks.chunks);
     const Shard& sh = p.shard;
+    // The whole-context exchanges' cache is made here too: it holds the context, known now.
+    std::unique_ptr<KvCache> full;
+    if (whole) {
+        full = std::make_unique<KvCache>(whole_context_cache(model, req, cfg, sh, p.cache));
+    }
     clock.end();
     r.shard_tokens = sh.place.shard_tokens;
 
@@ -79,26 +94,43 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     clock.end();
     piece_done(double(req.suffix.size()));  // the scoring rows' pass (job serve, pieces.h)
 
-    clock.begin("recompute");  // 3. per layer, in the exchange mode
-    if (exact) {
-        recompute_exact(model, comm, req, sh, sel, p.cache);
+    // 3. per layer, in the exchange mode; the whole-context exchanges first gather every
+    // context row once, into the cache the answer then runs over, and run the suffix rows in the
+    // recompute's pass (phase 4's suffix prefill is then the first token's logits alone).
+    if (whole) {
+        clock.begin("context_gather");
+        gather_context(model, comm, req, cfg, sh, sel, p.cache, *full);
+        clock.end();
+    }
+    KvCache& cache = whole ? *full : p.cache;
+    clock.begin("recompute");
+    std::vector<float> last_row;  // whole-context: the suffix ran with S; its last row, rank 0
+    if (whole) {
+        last_row = recompute_whole(model, comm, req, sh, sel, cache, &r);
+    } else if (exchange_recompute_kv(ex)) {
+        recompute_kv(model, comm, req, sh, sel, cache, cfg, &r);
+        // kv-answer-exact: each rank's keys for the answer are its own (chunk 0 counts on rank
+        // 0), so the other shards' selected tokens appended here go.
+        if (exact) cache.truncate(sh.c0 + (sh.own_end - sh.own_begin));
     } else {
-        recompute_kv(model, comm, req, sh, sel, p.cache, cfg, &r);
+        recompute_exact(model, comm, req, sh, sel, cache);
+        if (!exact) share_selected_kv(model, comm, sh, sel, cache);  // exact-answer-kv
     }
     for (int g : sel.selected) r.selected_positions.push_back(sh.gpos[g]);
     clock.end();
 
     clock.begin("suffix_prefill");  // 4. the answer
-    r.first_logits = exact ? prefill_suffix_exact(model, comm, req, sh, p.cache)
-                           : prefill_suffix_kv(model, comm, req, p.cache);
+    r.first_logits = exact   ? prefill_suffix_exact(model, comm, req, sh, cache)
+                     : whole ? logits_of_row(model, last_row)
+                             : prefill_suffix_kv(model, comm, req, cache);
     clock.end();
     r.ttft_ms = sum_ms(r.phases);
     bool decode = true;
     if (hooks.forced_ref) {  // teacher forcing, then rank 0 says whether to decode
         const std::vector<float> rows =
-            exact ? forced_rows_exact(model, comm, req, sh, p.cache, r.first_logits,
-                                      *hooks.forced_ref)
-                  : forced_rows_kv(model, comm, req, p.cache, r.first_logits, *hooks.forced_ref);
+            exact
+                ? forced_rows_exact(model, comm, req, sh, cache, r.first_logits, *hooks.forced_ref)
+                : forced_rows_kv(model, comm, req, cache, r.first_logits, *hooks.forced_ref);
         int32_t go = 1;
         if (comm.rank() == 0 && hooks.on_forced) go = hooks.on_forced(rows, r) ? 1 : 0;
         comm.broadcast(&go, sizeof(go), 0);
@@ -106,11 +138,11 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     }
     clock.begin("decode");  // every rank has the phase, its rows gathered below
     if (hooks.take_cache) {
-        hooks.take_cache(std::move(p.cache), -1, r);  // rank 0's cache is the prompt
+        hooks.take_cache(std::move(cache), -1, r);  // rank 0's cache is the prompt
     } else if (decode && exact) {
-        decode_exact(model, comm, cfg, stop_ids, sh, p.cache, r, hooks.on_token);
+        decode_exact(model, comm, cfg, stop_ids, sh, cache, r, hooks.on_token);
     } else if (decode) {
-        decode_kv(model, comm, cfg, stop_ids, p.cache, r, hooks.on_token);
+        decode_kv(model, comm, cfg, stop_ids, cache, r, hooks.on_token);
     }
     clock.end();
 

@@ -11,6 +11,7 @@
 #include "runtime/core/pieces.h"
 #include "runtime/parallel/comm_stage.h"
 #include "runtime/parallel/dist_attention.h"
+#include "runtime/parallel/kv_exchange.h"
 #include "runtime/parallel/recompute_balance.h"
 #include "runtime/parallel/sp_phases.h"
 
@@ -190,56 +191,6 @@ BalanceMode balance_mode(Config::Balance b) {
            : b == Config::Balance::off ? BalanceMode::off
                                        : BalanceMode::automatic;
 }
-
-// The tokens of `lists[p]` travel from rank p, read from its cache at layer l, to every other
-// rank's cache (all-gather of [k rows | v rows] in the storage type, so every copy is
-// bit-identical).
-class KvExchange {
-  public:
-    KvExchange(Communicator& comm, Backend& be, KvCache& cache, const std::vector<int32_t>& slot,
-               const std::vector<std::vector<int>>& lists)
-        : comm_(comm), be_(be), cache_(cache), rb_(cache.row_bytes()) {
-        const int P = comm.size();
-        size_t total = 0;
-        slots_.resize(P);
-        bytes_.resize(P);
-        for (int p = 0; p < P; ++p) {
-            for (int i : lists[p]) slots_[p].push_back(slot[i]);
-            bytes_[p] = lists[p].size() * 2 * rb_;
-            total += bytes_[p];
-        }
-        send_ = be.alloc(std::max<size_t>(1, bytes_[comm.rank()]));
-        gathered_ = be.alloc(std::max<size_t>(1, total));
-    }
-    void run(int layer) {
-        const int P = comm_.size(), me = comm_.rank();
-        char* send = bytes(send_);
-        const int n = int(slots_[me].size());
-        cache_.read_rows_raw(layer, slots_[me].data(), send, send + size_t(n) * rb_, n);
-        all_gather_v_backend(comm_, be_, send_.data(), bytes_[me], gathered_.data(), bytes_);
-        const char* block = bytes(gathered_);
-        for (int p = 0; p < P; ++p) {
-            const int np = int(slots_[p].size());
-            if (p != me) {
-                for (const SlotRun& r : slot_runs(slots_[p].data(), np)) {
-                    cache_.write_range_raw(layer, r.slot, r.n, block + size_t(r.row) * rb_,
-                                           block + (size_t(np) + r.row) * rb_);
-                }
-            }
-            block += bytes_[p];
-        }
-    }
-
-  private:
-    static char* bytes(Buffer& b) { return static_cast<char*>(static_cast<void*>(b.data())); }
-    Communicator& comm_;
-    Backend& be_;
-    KvCache& cache_;
-    size_t rb_;
-    std::vector<std::vector<int32_t>> slots_;
-    std::vector<size_t> bytes_;
-    Buffer send_, gathered_;
-};
 
 // Helped tokens' second key set (chunk 0 and the selected tokens outside the owner's shard),
 // copied per layer from the cache into a one-layer cache of their own, in position order.
@@ -590,6 +541,16 @@ void recompute_exact(Model& model, Communicator& comm, const PreparedRequest& re
         model.layer_post(l, o.h.data(), o.out.data(), o.n);
         piece_done(double(o.n) / c.n_layer);
     }
+}
+
+void share_selected_kv(Model& model, Communicator& comm, const Shard& sh, const SpSelection& sel,
+                       KvCache& cache) {
+    if (sel.selected.empty()) return;
+    const int P = comm.size();
+    std::vector<std::vector<int>> owns(P);
+    for (int i = 0; i < int(sel.selected.size()); ++i) owns[sh.owner(sel.selected[i])].push_back(i);
+    KvExchange by_owner(comm, model.backend(), cache, kv_slots(sh, sel, P, cache), owns);
+    for (int l = 0; l < model.config().n_layer; ++l) by_owner.run(l);
 }
 
 }  // namespace infoflow

@@ -185,6 +185,7 @@ document_tokens = [100, 400]
 depths = [0, 1]
 distractors = 2
 filler_file = "filler.txt"
+clock = "cpu"
 [store]
 path = "cache/kv.h5"
 mode = "read-write"
@@ -388,6 +389,7 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.sweep.depths == std::vector<double>{0.0, 1.0});
     CHECK(c.sweep.distractors == 2);
     CHECK(c.sweep.filler_file == "filler.txt");
+    CHECK(c.sweep.clock == C::SweepClock::cpu);
     CHECK(c.request.reference == "Because.");
 
     // Every known key appears in the file above and differs from its default.

@@ -18,6 +18,7 @@
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/session.h"
 #include "runtime/jobs/stats.h"
+#include "runtime/parallel/ring.h"
 #include "tests/cpu_paths/cpu_paths.h"
 
 using namespace infoflow;
@@ -454,11 +455,12 @@ TEST_CASE("sweep on virtual ranks: exact equals one rank, kv at ratio 1 equals f
     cfg.sweep.context_tokens = 150;
     cfg.sweep.points = {"method.name=infoflow", "parallel.virtual_ranks=2; parallel.exchange=exact",
                         "parallel.virtual_ranks=3; scoring.softmax=local",
-                        "parallel.virtual_ranks=2; method.ratio=1.0"};
+                        "parallel.virtual_ranks=2; method.ratio=1.0",
+                        "parallel.virtual_ranks=2; parallel.exchange=gather"};
     std::unique_ptr<Session> s = open_session(cfg);
     const nlohmann::json out = run_sweep(cfg, *s);
     const auto& rows = out["rows"];
-    REQUIRE(rows.size() == 5);  // full + 4 points
+    REQUIRE(rows.size() == 6);  // full + 5 points
     const auto& one = rows[1];
     const auto& exact2 = rows[2];
     CAPTURE(exact2.dump().substr(0, 300));
@@ -477,6 +479,25 @@ TEST_CASE("sweep on virtual ranks: exact equals one rank, kv at ratio 1 equals f
     // "kv" recomputing every token is the exact run.
     CHECK(rows[4]["mean_kl"].get<double>() < test::kl_bar(1e-4));
     CHECK(rows[4]["selected_fraction"].get<double>() > 0.5);
+    // "gather" gives every rank every key: the one-rank run (to rounding: the f32 weights'
+    // products depend on the batch, unlike the native weights' exact pass).
+    CHECK(rows[5]["exchange"] == "gather");
+    CHECK(std::fabs(rows[5]["mean_kl"].get<double>() - one["mean_kl"].get<double>()) <
+          1e-4 + 1e-3 * one["mean_kl"].get<double>());
+    // Each rank's bytes to the first token, and the zigzag ring's busiest rank over the same
+    // prompt on the same P (ring_prefill_bytes, held to a real ring run in tests/mpi).
+    CHECK(rows[5]["bytes_ranks"].size() == 2);
+    CHECK(rows[5]["bytes_max"].get<uint64_t>() > 0);
+    const ModelConfig& mc = s->model->config();
+    const std::vector<uint64_t> ring = ring_prefill_bytes(
+        rows[5]["context_tokens"].get<int>() + rows[5]["suffix_tokens"].get<int>(), 2, true,
+        size_t(mc.n_head_kv) * mc.head_dim * sizeof(float), mc.n_layer);
+    CHECK(rows[5]["ring_bytes_max"].get<uint64_t>() == *std::max_element(ring.begin(), ring.end()));
+    // The CPU-time clock counts every thread of the process: one thread only.
+    Config two = cfg;
+    two.sweep.clock = Config::SweepClock::cpu;
+    two.model.threads = 2;
+    CHECK_THROWS_WITH(run_sweep(two, *s), Catch::Contains("sweep.clock"));
     // A point may change only the P-rank keys of [parallel].
     cfg.sweep.points = {"parallel.placement=tokens"};
     CHECK_THROWS_WITH(run_sweep(cfg, *s), Catch::Contains("changes [parallel]"));

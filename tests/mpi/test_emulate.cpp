@@ -2,9 +2,10 @@
 // rank runs the request for real over MpiComm, then alone as P virtual ranks over ThreadComm
 // (runtime/parallel/emulate.h), and compares its own real result with its virtual twin's: the
 // answer, the selected positions, the first-token logits (bit for bit: same code, same backend,
-// same thread count) and the bytes of every phase on every rank. InfoFlow with the "kv" and
-// "exact" exchanges and ring attention (zigzag p2p; on the tiny model also contiguous and
-// all-gather), on the tiny random model and on SmolLM2. Collectives first, checks after.
+// same thread count) and the bytes of every phase on every rank. InfoFlow with every exchange,
+// CacheBlend with compact-int8, and ring attention (zigzag p2p; on the tiny model also
+// contiguous and all-gather), on the tiny random model and on SmolLM2. Collectives first,
+// checks after.
 #include <catch2/catch.hpp>
 #include <filesystem>
 
@@ -26,14 +27,20 @@ struct Case {
     Config cfg;
 };
 
-// All: InfoFlow kv and exact, ring zigzag, contiguous and all-gather; otherwise the first three.
+// InfoFlow with every exchange and CacheBlend with compact-int8; ring zigzag, and with `all`
+// also contiguous and all-gather.
 std::vector<Case> cases(bool all) {
     std::vector<Case> out;
-    for (auto ex : {Config::Exchange::kv, Config::Exchange::exact}) {
+    using E = Config::Exchange;
+    for (auto ex : {E::kv, E::exact, E::kv_answer_exact, E::exact_answer_kv, E::gather,
+                    E::compact_int8, E::compact_int4, E::compact_int4h}) {
         Config c = method_config(Config::Method::infoflow, 0.3);
         c.parallel.exchange = ex;
         out.push_back({std::string("infoflow/") + to_string(ex), c});
     }
+    Config cb = method_config(Config::Method::cacheblend, 0.3);
+    cb.parallel.exchange = E::compact_int8;
+    out.push_back({"cacheblend/compact-int8", cb});
     for (auto layout : {Config::RingLayout::zigzag, Config::RingLayout::contiguous}) {
         Config c = method_config(Config::Method::ring);
         c.ring.layout = layout;

@@ -1,8 +1,9 @@
 // Distributed execution against its single-rank oracles (docs/design.md §6.1, §6.3, §6.4, §5.5),
-// run under mpiexec with 1-4 ranks on a tiny random model: infoflow at ratio 1 equals full in both
-// exchange modes; "exact" on P ranks equals P = 1 (same selected set, same tokens, logits
-// within 1e-4); "kv" on P ranks equals the single-rank run with emulate_ranks = P; ring
-// attention (zigzag, contiguous, all-gather) equals full; byte counts match the formulas.
+// run under mpiexec with 1-4 ranks on a tiny random model: infoflow at ratio 1 equals full in every
+// exchange mode; "exact" and "gather" on P ranks equal P = 1 (same selected set, same tokens,
+// logits within 1e-4); "kv" and the other exchanges on P ranks equal the single-rank run with
+// emulate_ranks = P; ring attention (zigzag, contiguous, all-gather) equals full; byte counts
+// match the formulas.
 // Collectives first, checks after (no REQUIRE between collectives: a rank must never leave
 // the others waiting).
 #include <algorithm>
@@ -46,11 +47,13 @@ const PhaseTime* phase(const MethodResult& r, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("sp: infoflow at ratio 1 equals full in both exchange modes [6.1]", "[sp]") {
+TEST_CASE("sp: infoflow at ratio 1 equals full in every exchange mode [6.1]", "[sp]") {
     Setup s;
     const MethodResult full =
         run_method(*s.tm.m, s.req, method_config(Config::Method::full), kNoStop);
-    for (auto ex : {Config::Exchange::kv, Config::Exchange::exact}) {
+    using E = Config::Exchange;
+    for (auto ex : {E::kv, E::exact, E::kv_answer_exact, E::exact_answer_kv, E::gather,
+                    E::compact_int8, E::compact_int4, E::compact_int4h}) {
         Config cfg = method_config(Config::Method::infoflow, 1.0);
         cfg.parallel.exchange = ex;
         const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
@@ -278,6 +281,101 @@ TEST_CASE(
     CHECK(rec->bytes_sent == n_sel[s.rank()] * per_token * uint64_t(s.P() - 1));
 }
 
+TEST_CASE(
+    "sp: gather equals one rank; compact-int8/int4, kv-answer-exact and exact-answer-kv equal "
+    "emulate_ranks = P [6.4]",
+    "[sp]") {
+    Setup s;
+    using E = Config::Exchange;
+    for (auto ex : {E::gather, E::compact_int8, E::compact_int4, E::compact_int4h,
+                    E::kv_answer_exact, E::exact_answer_kv}) {
+        for (auto m : {Config::Method::infoflow, Config::Method::epic, Config::Method::cacheblend,
+                       Config::Method::none}) {
+            Config cfg = method_config(m, 0.3);
+            cfg.parallel.exchange = ex;
+            const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+            Config one = cfg;
+            if (ex != E::gather) one.parallel.emulate_ranks = s.P();
+            const MethodResult o = run_method(*s.tm.m, s.req, one, kNoStop);
+            CAPTURE(s.P(), s.rank(), to_string(ex), to_string(m));
+            CHECK(r.selected_positions == o.selected_positions);
+            // exact-answer-kv and kv-answer-exact decode on rank 0 only / on every rank
+            if (s.rank() == 0 || ex == E::kv_answer_exact) CHECK(r.answer == o.answer);
+            if (s.rank() == 0) CHECK(rel_err(r.first_logits, o.first_logits) <= kTol);
+        }
+    }
+}
+
+TEST_CASE("sp: the compact codes change the result, and their oracle does not depend on P [6.4]",
+          "[sp]") {
+    Setup s;
+    Config cfg = method_config(Config::Method::infoflow, 0.3);
+    const MethodResult one = run_method(*s.tm.m, s.req, cfg, kNoStop);
+    for (auto ex : {Config::Exchange::compact_int8, Config::Exchange::compact_int4,
+                    Config::Exchange::compact_int4h}) {
+        cfg.parallel.exchange = ex;
+        cfg.parallel.emulate_ranks = 2;
+        const MethodResult two = run_method(*s.tm.m, s.req, cfg, kNoStop);
+        cfg.parallel.emulate_ranks = 4;
+        const MethodResult four = run_method(*s.tm.m, s.req, cfg, kNoStop);
+        CAPTURE(to_string(ex));
+        // Every unselected row through the codes, whoever owns it: the same on any P.
+        CHECK(two.first_logits == four.first_logits);
+        // ... and not the one-rank result (else the tests above could not tell a run that
+        // dropped the codes, or never applied them, from a correct one)
+        CHECK(rel_err(two.first_logits, one.first_logits) > 1e-6);
+    }
+}
+
+TEST_CASE("sp: context_gather moves each unselected row once, as stored or as codes [5.5]",
+          "[sp]") {
+    Setup s;
+    const ModelConfig& c = s.tm.w.config;
+    const int row = c.n_head_kv * c.head_dim;
+    std::vector<int> sizes;
+    for (const auto& ch : s.req.chunks) sizes.push_back(int(ch.size()));
+    const Placement place = place_chunks(sizes, s.P());
+    std::vector<int> chunk_of;
+    for (size_t i = 0; i < sizes.size(); ++i) chunk_of.insert(chunk_of.end(), sizes[i], int(i));
+    for (auto ex : {Config::Exchange::gather, Config::Exchange::compact_int8,
+                    Config::Exchange::compact_int4, Config::Exchange::compact_int4h}) {
+        Config cfg = method_config(Config::Method::infoflow, 0.3);
+        cfg.parallel.exchange = ex;
+        const MethodResult r = run_request(*s.tm.m, s.req, cfg, *s.comm, kNoStop);
+        CAPTURE(s.P(), s.rank(), to_string(ex));
+        if (s.P() == 1) continue;  // one rank runs the single-rank pipeline: nothing moves
+        // Bytes of one token's K and V rows of one layer: 8-bit codes are 64 values + an fp16
+        // step per group of 64, 4-bit codes (turned or not) 16 bytes + fp16 minimum and step
+        // per group of 32.
+        auto groups = [](int n, int g) { return uint64_t((n + g - 1) / g); };
+        const uint64_t slot = ex == Config::Exchange::gather ? 2ull * row * sizeof(float)
+                              : ex == Config::Exchange::compact_int8
+                                  ? 2 * (uint64_t(row) + 2 * groups(row, 64))
+                                  : 2 * (uint64_t(row + 1) / 2 + 4 * groups(row, 32));
+        std::vector<uint64_t> unsel(s.P(), 0);
+        std::vector<uint8_t> sel(chunk_of.size(), 0);
+        for (int32_t p : r.selected_positions) sel[p] = 1;
+        for (size_t g = 0; g < chunk_of.size(); ++g) {
+            if (chunk_of[g] != 0 && !sel[g]) unsel[place.chunk_rank[chunk_of[g]]]++;
+        }
+        uint64_t others = 0;
+        for (int q = 0; q < s.P(); ++q) others += q == s.rank() ? 0 : unsel[q];
+        const PhaseTime* gather = phase(r, "context_gather");
+        CHECK(gather != nullptr);
+        if (!gather) continue;  // every rank alike: the next run's collectives stay matched
+        CHECK(gather->bytes_sent == unsel[s.rank()] * slot * c.n_layer * uint64_t(s.P() - 1));
+        CHECK(gather->bytes_recv == others * slot * c.n_layer);
+        // Then per layer the new K/V of every selected token and suffix row (they run in one
+        // pass), from the rank that ran it, to the P - 1 others (summed over the ranks).
+        uint64_t sent = 0;
+        for (const auto& per_rank : r.phases_per_rank) {
+            for (const PhaseTime& p : per_rank) sent += p.name == "recompute" ? p.bytes_sent : 0;
+        }
+        const uint64_t rows = r.selected_positions.size() + s.req.suffix.size();
+        CHECK(sent == rows * 2 * row * sizeof(float) * uint64_t(s.P() - 1) * c.n_layer);
+    }
+}
+
 TEST_CASE("ring equals full for every layout and exchange [6.3]", "[ring]") {
     Setup s;
     const MethodResult full =
@@ -300,7 +398,33 @@ TEST_CASE("ring equals full for every layout and exchange [6.3]", "[ring]") {
                 uint64_t(s.P() - 1) * uint64_t(N / s.P()) * 2 * c.n_head_kv * c.head_dim * 4;
             CHECK(pre->bytes_sent == per_layer * c.n_layer);
             CHECK(pre->bytes_recv == per_layer * c.n_layer);
+            if (ex == Config::RingExchange::p2p) {  // the reference of the exchanges' bytes
+                const std::vector<uint64_t> want =
+                    ring_prefill_bytes(N, s.P(), layout == Config::RingLayout::zigzag,
+                                       size_t(c.n_head_kv) * c.head_dim * sizeof(float), c.n_layer);
+                CHECK(want[s.rank()] == pre->bytes_sent + pre->bytes_recv);
+            }
         }
+    }
+}
+
+TEST_CASE("ring_prefill_bytes counts what the p2p ring moves with uneven shards", "[ring]") {
+    Setup s;
+    // T = 120 + Q = 9: 129 tokens, not divisible by 2P for P = 2..4.
+    const PreparedRequest req = random_request(33, s.tm.w.config.n_vocab, 4, {50, 66}, 9);
+    const ModelConfig& c = s.tm.w.config;
+    const int N = req.context_tokens() + int(req.suffix.size());
+    for (auto layout : {Config::RingLayout::zigzag, Config::RingLayout::contiguous}) {
+        Config cfg = method_config(Config::Method::ring);
+        cfg.ring.layout = layout;
+        const MethodResult r = run_request(*s.tm.m, req, cfg, *s.comm, kNoStop);
+        const std::vector<uint64_t> want =
+            ring_prefill_bytes(N, s.P(), layout == Config::RingLayout::zigzag,
+                               size_t(c.n_head_kv) * c.head_dim * sizeof(float), c.n_layer);
+        CAPTURE(s.P(), s.rank(), N, to_string(layout));
+        const PhaseTime* pre = phase(r, "ring_prefill");
+        CHECK(pre != nullptr);
+        if (pre) CHECK(want[s.rank()] == pre->bytes_sent + pre->bytes_recv);
     }
 }
 

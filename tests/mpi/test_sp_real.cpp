@@ -123,3 +123,51 @@ TEST_CASE("sp real: native weights, near-tie text: exact = one rank, kv = emulat
         }
     }
 }
+
+TEST_CASE(
+    "sp real: gather = one rank; compact-int8/int4/int4h, kv-answer-exact, exact-answer-kv = "
+    "their emulate_ranks oracles [6.4]",
+    "[sp][real]") {
+    Real s;
+    const int P = s.comm->size();
+    struct Run {
+        Config::Method method;
+        Config::Exchange ex;
+    };
+    const std::vector<Run> runs = {{Config::Method::infoflow, Config::Exchange::gather},
+                                   {Config::Method::infoflow, Config::Exchange::compact_int8},
+                                   {Config::Method::infoflow, Config::Exchange::compact_int4},
+                                   {Config::Method::infoflow, Config::Exchange::compact_int4h},
+                                   {Config::Method::cacheblend, Config::Exchange::compact_int8},
+                                   {Config::Method::infoflow, Config::Exchange::kv_answer_exact},
+                                   {Config::Method::infoflow, Config::Exchange::exact_answer_kv}};
+    for (const Run& run : runs) {
+        Config cfg = s.cfg;
+        cfg.method.name = run.method;
+        cfg.parallel.exchange = run.ex;
+        const MethodResult r = run_request(*s.m, s.req, cfg, *s.comm, {});
+        // The oracle: one rank for gather (what it computes on every P), else the one-rank run
+        // of the exchange's visibility on P ranks.
+        Config one = cfg;
+        if (run.ex != Config::Exchange::gather) one.parallel.emulate_ranks = P;
+        const Oracle o = broadcast_oracle(s, one);
+        CAPTURE(P, s.comm->rank(), to_string(run.method), to_string(run.ex));
+        INFO(set_difference(r.selected_positions, o.selected)
+             << " tokens selected differently from the oracle");
+        CHECK(int(r.selected_positions.size()) > 60);
+        CHECK(r.selected_positions == o.selected);
+        if (s.comm->rank() != 0) continue;
+        CHECK(r.answer == o.answer);
+        // The whole-context exchanges merge no partial states into what the answer reads:
+        // each selected token and the suffix attend over the same keys as the oracle, in one
+        // call, so InfoFlow's logits are the oracle's bits. CacheBlend's layer 0 across ranks is
+        // pass-Q (merged partials, ~1e-7 off one call), and so are the other two exchanges'.
+        const double tol = cpu::active_cpu_isa() == cpu::CpuIsa::amx ? kTolAmx : kTol;
+        if (exchange_whole_context(run.ex) && run.method == Config::Method::infoflow &&
+            cpu::active_cpu_isa() != cpu::CpuIsa::amx) {
+            CHECK(r.first_logits == o.first);  // bit for bit
+        } else {
+            CHECK(rel_err(r.first_logits, o.first) <= tol);
+        }
+    }
+}
