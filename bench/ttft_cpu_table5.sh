@@ -18,7 +18,9 @@
 # 16384 (default 1/0: one 32K single run takes minutes on one core), RESULTS (a directory: the
 # report is written there as ttft-cpu-table5-smollm2.{md,jsonl,csv,png}; default: OUT_DIR only),
 # EXTRA_SETS (space-separated key=value overrides for every run, e.g. the CI test's
-# "model.path=random:tiny chunking.size=128").
+# "model.path=random:tiny chunking.size=128"), CLOCK (default wall; cpu: the emulated points
+# read the process's CPU time, bench.clock, so other work on the machine does not inflate
+# them; the real 2-rank runs always read the wall clock: run them on an idle machine).
 set -euo pipefail
 build=${1:-build}
 out=${2:-out/ttft-cpu-table5}
@@ -64,6 +66,7 @@ for L in $lengths; do
             cmd=("$build/infoflow_sp" --config "$config" "${common[@]}"
                  --set bench.emulate_timing=true --set parallel.emulate_ranks="$P"
                  --set bench.link_alpha_us="$alpha" --set bench.link_beta_gbs="$beta"
+                 --set bench.clock="${CLOCK:-wall}"
                  --set 'bench.rows=["ring/zigzag", "infoflow/kv"]')
             ;;
         *) echo "[table5] unknown point '$p' (real2 or emul:P:shm|ib)" >&2; exit 2 ;;

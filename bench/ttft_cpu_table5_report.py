@@ -4,9 +4,11 @@ markdown report (one table per length with spread, the emulated-vs-real check at
 targets), and writes beside it the rows as JSON lines and CSV and a plot of TTFT against length
 per method (PNG). Pure reading: the measurements are the JSON files.
 
-    bench/ttft_cpu_table5_report.py OUT_DIR [--results DIR]
+    bench/ttft_cpu_table5_report.py OUT_DIR [--results DIR] [--previous FILE.jsonl]
 
---results DIR writes DIR/ttft-cpu-table5-smollm2.{md,jsonl,csv,png} (the committed result);
+--previous keeps the rows of an earlier report's JSON lines (e.g. the committed
+bench/results/ttft-cpu-table5-smollm2.jsonl) for the (point, length) pairs OUT_DIR does not
+hold, each marked with the run it came from. --results DIR writes DIR/ttft-cpu-table5-smollm2.{md,jsonl,csv,png} (the committed result);
 without it the files go to OUT_DIR. Ends with one machine-readable line
 {"bench": "ttft_cpu_table5", ...}.
 """
@@ -23,6 +25,7 @@ NAME = "ttft-cpu-table5-smollm2"
 LINKS = {"shm": "shared memory (1 us, 8 GB/s)", "ib": "InfiniBand class (3 us, 12 GB/s)"}
 AGREE = 0.10   # emulated P = 2 within 10 % of the real 2 ranks
 TARGET_P4 = 3.6  # emulated P = 4 infoflow/kv vs single at 8K
+TARGET_RING_32K = 2.6  # emulated P = 4 infoflow/kv vs the zigzag ring at 32K
 ORDER = {"single": 0, "ring/zigzag": 1, "infoflow/kv": 2}
 
 
@@ -45,14 +48,29 @@ def load(out):
             continue
         j = json.load(open(path))
         meta.setdefault("provenance", j.get("provenance", {}))
+        commit = j.get("provenance", {}).get("tool", {}).get("commit", "?")[:12]
         for r in j["rows"]:
-            rows.append(dict(pt, method=r["method"], tokens=r["tokens"], ranks=r["ranks"],
+            rows.append(dict(pt, method=r["method"], clock=j.get("clock", "wall"), commit=commit, tokens=r["tokens"], ranks=r["ranks"],
                              ttft_ms=r["ttft_ms"], ttft_min_ms=r["ttft_min_ms"],
                              ttft_max_ms=r["ttft_max_ms"], spread=r["spread"], runs=r["runs"],
                              past_window=r.get("past_window", False),
                              bytes_per_rank_per_layer=r["bytes_per_rank_per_layer"],
                              phases_ms=r["phases_ms"], file=os.path.basename(path)))
     return rows, meta
+
+
+def add_previous(rows, path):
+    """The earlier report's rows for the (point, length) pairs `rows` lacks."""
+    have = {(r["point"], r["tokens"]) for r in rows}
+    kept = []
+    for line in open(path):
+        r = json.loads(line)
+        if (r["point"], r["tokens"]) not in have:
+            r.pop("bench", None)
+            r.setdefault("clock", "wall")
+            r["previous"] = os.path.basename(path)
+            kept.append(r)
+    return rows + kept
 
 
 def find(rows, point, method, tokens):
@@ -87,6 +105,17 @@ def report(rows, meta):
         w()
         w(f"## {L} tokens")
         w()
+        here = [r for r in rows if r["tokens"] == L]
+        prev = sorted({r["previous"] for r in here if r.get("previous")})
+        commits = sorted({r["commit"] for r in here if r.get("commit")})
+        if prev:
+            w(f"Rows from an earlier run ({', '.join(prev)}) where this run has none; "
+              f"this run's rows: commit {', '.join(commits) or '-'}.")
+            w()
+        if any(r.get("clock") == "cpu" for r in here):
+            w("Rows marked (CPU clock) read the process's CPU time (`bench.clock = \"cpu\"`), "
+              "not the wall clock: the machine was shared with other work while they ran.")
+            w()
         w("| setup | method | ranks | TTFT ms (median) | min – max | spread | runs | vs single | vs ring | bytes/rk/layer |")
         w("|---|---|---|---|---|---|---|---|---|---|")
         single = find(rows, "real2", "single", L)
@@ -97,6 +126,10 @@ def report(rows, meta):
             vs_s = f"{single['ttft_ms'] / r['ttft_ms']:.2f}x" if single else "-"
             vs_r = f"{ring['ttft_ms'] / r['ttft_ms']:.2f}x" if ring and r["method"] != "single" else "-"
             setup = "real, 1 rank" if r["method"] == "single" else r["setup"]
+            if r.get("clock") == "cpu":
+                setup += " (CPU clock)"
+            if r.get("previous"):
+                setup += " (earlier run)"
             star = "*" if r["past_window"] else ""
             w(f"| {setup} | {r['method']}{star} | {r['ranks']} | {r['ttft_ms']:,.0f} | "
               f"{r['ttft_min_ms']:,.0f} – {r['ttft_max_ms']:,.0f} | {100 * r['spread']:.0f}% | "
@@ -141,6 +174,12 @@ def report(rows, meta):
                                                 "ok": q > 1})
                 w(f"- emulated P = 4 ({link}), {L} tokens: InfoFlow `kv` is {q:.2f}x the zigzag "
                   f"ring: {'faster' if q > 1 else '**not faster**'}.")
+                if L == 32768:
+                    ok = q >= TARGET_RING_32K
+                    checks.setdefault("p4_vs_ring_32k", []).append(
+                        {"link": link, "vs_ring": q, "ok": ok})
+                    w(f"- emulated P = 4 ({link}), 32768 tokens: {q:.2f}x the ring (target ≥ "
+                      f"{TARGET_RING_32K}x): {'met' if ok else '**not met**'}.")
     return f.getvalue(), checks
 
 
@@ -180,8 +219,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--results", help="write the committed result files into this directory")
+    ap.add_argument("--previous", help="an earlier report's JSON lines, for the pairs OUT lacks")
     a = ap.parse_args()
     rows, meta = load(a.out)
+    if a.previous and rows:
+        rows = add_previous(rows, a.previous)
     if not rows:
         sys.exit(f"{a.out}: no <point>-<length>.json files (run bench/ttft_cpu_table5.sh)")
     dest = a.results or a.out
@@ -193,7 +235,7 @@ def main():
             f.write(json.dumps(dict(r, bench="ttft_cpu_table5")) + "\n")
     cols = ["point", "setup", "P", "link", "emulated", "tokens", "method", "ranks", "ttft_ms",
             "ttft_min_ms", "ttft_max_ms", "spread", "runs", "past_window",
-            "bytes_per_rank_per_layer"]
+            "bytes_per_rank_per_layer", "clock"]
     with open(os.path.join(dest, NAME + ".csv"), "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         wr.writeheader()

@@ -722,6 +722,7 @@ const std::vector<Field>& fields() {
         f.push_back(bool_field("bench.emulate_timing", bench, &B::emulate_timing));
         f.push_back(float_field("bench.link_alpha_us", bench, &B::link_alpha_us, 0.0));
         f.push_back(float_field("bench.link_beta_gbs", bench, &B::link_beta_gbs, 0.001));
+        f.push_back(enum_field("bench.clock", bench, &B::clock));
 
         const auto sw = &C::sweep;
         using Sw = C::SweepSection;

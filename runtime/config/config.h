@@ -214,6 +214,9 @@ struct Config {
         bool emulate_timing = false;
         double link_alpha_us = 10.0;   // alpha-beta model of a link (comm/comm_model.h)
         double link_beta_gbs = 370.0;  // GB/s per direction
+        // What the measured times read (as sweep.clock): "cpu" = the process's CPU time, for one
+        // process with one thread (one rank, or bench.emulate_timing's virtual ranks).
+        SweepClock clock = SweepClock::wall;
     };
     // Job `sweep` (docs/quality.md): points (config overrides) x generated cases, every point
     // scored by teacher-forced fidelity to `full` and by answer accuracy, with intervals.

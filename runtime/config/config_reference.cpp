@@ -290,6 +290,12 @@ const std::map<std::string, std::string>& descriptions() {
         {"bench.emulate_timing",
          "run `parallel.emulate_ranks` virtual ranks in one process, taking turns on the one "
          "device: compute measured per segment, communication modelled (docs/gpu.md)"},
+        {"bench.clock",
+         "what the measured times read: `wall` = the wall clock; `cpu` = the process's CPU time, "
+         "which on a machine shared with other work leaves out the time other processes took; "
+         "one process with one thread only (`bench.threads` or `model.threads` = 1, one rank or "
+         "`bench.emulate_timing`'s virtual ranks, which take turns): real ranks wait for each "
+         "other, which CPU time does not count (docs/benchmarks.md)"},
         {"bench.link_alpha_us",
          "latency of one message step in the emulated timing mode, microseconds (NVLink: 10)"},
         {"bench.link_beta_gbs",

@@ -17,6 +17,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/progress.h"
+#include "runtime/core/timing_clock.h"
 #include "runtime/jobs/job_report.h"
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/session.h"
@@ -533,6 +534,12 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
     Config base = cfg_in;
     base.decode.max_new_tokens = 1;  // TTFT: the first answer token only
     const int threads = base.bench.threads > 0 ? base.bench.threads : base.model.threads;
+    const bool cpu_clock = base.bench.clock == Config::SweepClock::cpu;
+    IF_CHECK(!cpu_clock || (s.comm->size() == 1 && threads == 1),
+             "bench.clock = \"cpu\" needs one process with one thread (real ranks wait for each "
+             "other, which CPU time does not count), got "
+                 << s.comm->size() << " ranks and " << threads << " threads");
+    const ScopedTimingClock timing(cpu_clock ? TimingClock::cpu : TimingClock::wall);
     s.backend->set_threads(threads);
     const std::vector<Variant> variants = make_variants(base, st.P);
 
@@ -569,7 +576,10 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
         for (const json& row : rows) std::printf("%s\n", row.dump().c_str());
         write_csv(rows, base);
     }
-    return {{"job", "bench-ttft"}, {"rows", rows}, {"config", cfg_in.to_json()}};
+    return {{"job", "bench-ttft"},
+            {"clock", to_string(base.bench.clock)},
+            {"rows", rows},
+            {"config", cfg_in.to_json()}};
 }
 
 }  // namespace infoflow

@@ -429,6 +429,29 @@ PY
         || { cat "$tmp/t5b.txt"; fail "table5: second run"; }
     [ "$(grep -c 'done before' "$tmp/t5b.txt")" = 6 ] || { cat "$tmp/t5b.txt"; fail "table5: points rerun"; }
     echo "ok: table5 resumes from the finished points"
+    # --previous: an earlier report's rows fill the (point, length) pairs a new run lacks,
+    # marked; CLOCK=cpu: the emulated rows read CPU time and say so.
+    mkdir -p "$tmp/t5c"
+    env LENGTHS="256" POINTS="emul:4:ib" RUNS=1 WARMUP=0 CLOCK=cpu \
+        EXTRA_SETS="model.path=random:tiny chunking.size=128" \
+        bench/ttft_cpu_table5.sh "$(dirname "$bin")" "$tmp/t5c" > "$tmp/t5c.txt" 2>&1 \
+        || { cat "$tmp/t5c.txt"; fail "table5: CLOCK=cpu"; }
+    python3 bench/ttft_cpu_table5_report.py "$tmp/t5c" \
+        --previous "$tmp/t5/ttft-cpu-table5-smollm2.jsonl" > "$tmp/t5c.md" \
+        || fail "table5: --previous"
+    python3 - "$tmp/t5c" <<'PY' || { cat "$tmp/t5c.md"; fail "table5: --previous rows"; }
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + "/ttft-cpu-table5-smollm2.jsonl")]
+assert len(rows) == 14, len(rows)
+new = [r for r in rows if not r.get("previous")]
+assert {(r["point"], r["tokens"]) for r in new} == {("emul:4:ib", 256)}, new
+assert all(r["clock"] == "cpu" for r in new) and all(r["clock"] == "wall" for r in rows
+                                                      if r.get("previous"))
+md = open(sys.argv[1] + "/ttft-cpu-table5-smollm2.md").read()
+assert "| emulated, 4 ranks, ib (CPU clock) | infoflow/kv |" in md
+assert "| emulated, 2 ranks, shm (earlier run) | infoflow/kv |" in md
+print("ok: table5 --previous and CLOCK=cpu")
+PY
     ;;
 resultsdir)
     committed="$root/bench/results/ttft-smollm2-cpu.csv"
@@ -470,6 +493,23 @@ PY
     grep -q "bench.rows: 'infoflow' is not a row of bench.methods on 2 rank(s) (the rows: single, ring/zigzag, ring/contiguous, infoflow/kv, infoflow/exact)" \
         "$tmp/out.txt" || { cat "$tmp/out.txt"; fail "bench.rows: the error"; }
     echo "ok: bench.rows keeps the named rows and rejects others"
+    # bench.clock = "cpu": the virtual ranks' segments read the process's CPU time (the rows say
+    # which clock); refused where CPU time would leave out waiting (2 threads, real ranks).
+    "$bin" --config configs/bench-ttft-smollm2.toml "${args[@]}" "${emul[@]}" --set bench.clock=cpu \
+        --set bench.threads=1 --set 'bench.rows=["ring/zigzag", "infoflow/kv"]' \
+        --out "$tmp/clock.json" > "$tmp/out.txt" || { cat "$tmp/out.txt"; fail "bench.clock = cpu"; }
+    python3 - "$tmp/clock.json" <<'PY' || fail "bench.clock: the result"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["clock"] == "cpu", d["clock"]
+assert all(r["ttft_ms"] > 0 for r in d["rows"]), [r["ttft_ms"] for r in d["rows"]]
+print("ok: bench.clock = cpu,", [round(r["ttft_ms"], 1) for r in d["rows"]])
+PY
+    "$bin" --config configs/bench-ttft-smollm2.toml "${args[@]}" "${emul[@]}" --set bench.clock=cpu \
+        --set bench.threads=2 > "$tmp/out.txt" 2>&1 && fail "bench.clock = cpu with 2 threads passed"
+    grep -q 'bench.clock = "cpu" needs one process with one thread' "$tmp/out.txt" \
+        || { cat "$tmp/out.txt"; fail "bench.clock: the error"; }
+    echo "ok: bench.clock = cpu times the virtual ranks and refuses 2 threads"
     # model.positions: past random:tiny's 1024 positions only when asked, and then marked as
     # timing only in the table and the rows.
     long=(--set model.path=random:tiny --set 'bench.lengths=[1536]' --set bench.runs=1

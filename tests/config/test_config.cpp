@@ -167,6 +167,7 @@ spread_limit = 0.1
 emulate_timing = true
 link_alpha_us = 2.5
 link_beta_gbs = 50.0
+clock = "cpu"
 rows = ["ring/zigzag", "infoflow/kv"]
 [sweep]
 key = "scoring.layers"
@@ -359,6 +360,7 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.bench.emulate_timing);
     CHECK(c.bench.link_alpha_us == Approx(2.5));
     CHECK(c.bench.link_beta_gbs == Approx(50.0));
+    CHECK(c.bench.clock == C::SweepClock::cpu);
     CHECK(c.bench.rows == std::vector<std::string>{"ring/zigzag", "infoflow/kv"});
     CHECK(c.model.positions == 16384);
     CHECK(c.store.path == "cache/kv.h5");
