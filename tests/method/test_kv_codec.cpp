@@ -71,7 +71,7 @@ TEST_CASE("kv codes: each value within half a step of the group's range", "[kv_c
     }
 }
 
-TEST_CASE("kv codes: zeros decode to zeros; int4 keeps a group of equal values", "[kv_codec]") {
+TEST_CASE("kv codes: zeros decode to zeros, and int4 keeps a group of equal values", "[kv_codec]") {
     for (KvCodec c : {KvCodec::int8, KvCodec::int4}) {
         for (float v : {0.0f, 1.5f, -0.25f}) {
             if (c == KvCodec::int8 && v != 0.0f) continue;  // 127 * fp16(v / 127) need not be v
