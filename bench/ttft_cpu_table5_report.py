@@ -109,8 +109,9 @@ def report(rows, meta):
         prev = sorted({r["previous"] for r in here if r.get("previous")})
         commits = sorted({r["commit"] for r in here if r.get("commit")})
         if prev:
-            w(f"Rows from an earlier run ({', '.join(prev)}) where this run has none; "
-              f"this run's rows: commit {', '.join(commits) or '-'}.")
+            ours = f"; this run's rows: commit {', '.join(commits)}" if commits else ""
+            w(f"Rows from an earlier run ({', '.join(prev)}) where this run has none{ours}. "
+              f"{meta.get('previous_note', '')}".rstrip())
             w()
         if any(r.get("clock") == "cpu" for r in here):
             w("Rows marked (CPU clock) read the process's CPU time (`bench.clock = \"cpu\"`), "
@@ -220,10 +221,13 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--results", help="write the committed result files into this directory")
     ap.add_argument("--previous", help="an earlier report's JSON lines, for the pairs OUT lacks")
+    ap.add_argument("--previous-note", default="",
+                    help="what the earlier run was (machine, commit), printed with its rows")
     a = ap.parse_args()
     rows, meta = load(a.out)
     if a.previous and rows:
         rows = add_previous(rows, a.previous)
+        meta["previous_note"] = a.previous_note
     if not rows:
         sys.exit(f"{a.out}: no <point>-<length>.json files (run bench/ttft_cpu_table5.sh)")
     dest = a.results or a.out
