@@ -315,7 +315,7 @@ def decompose_section(label, path):
     return md + [""]
 
 
-# The targets of issue 41 (docs/quality.md "P ranks"), fixed before the held-out run.
+# The targets of the P-rank exchange study (docs/quality.md "P ranks"), fixed before the held-out run.
 KL_UPPER = 0.02       # the 95 % interval's upper end of KL − one rank, nats
 ACC_WITHIN = 0.05     # |accuracy − one rank's|
 TIME_VS_EXACT = 0.6   # mean online ms / exact's at the same P, measured in the same run

@@ -209,7 +209,11 @@ def plot(rows, path):
     ax.set_yscale("log")
     ax.set_xlabel("context tokens")
     ax.set_ylabel("TTFT (s)")
-    ax.set_title("TTFT on CPU nodes, SmolLM2-135M, 1 core per rank")
+    title = "TTFT on CPU nodes, SmolLM2-135M, 1 core per rank"
+    prev = sorted({r["tokens"] for r in rows if r.get("previous")})
+    if prev:  # an earlier run's rows (--previous) may come from another machine
+        title += "\n" + ", ".join(str(t) for t in prev) + " tokens: an earlier run (see the report)"
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
