@@ -127,7 +127,7 @@ TEST_CASE("sp real: native weights, near-tie text: exact = one rank, kv = emulat
 TEST_CASE(
     "sp real: gather = one rank; compact-int8/int4/int4h, kv-answer-exact, exact-answer-kv = "
     "their emulate_ranks oracles [6.4]",
-    "[sp][real]") {
+    "[sp][real][heavy]") {
     Real s;
     const int P = s.comm->size();
     struct Run {
