@@ -140,6 +140,37 @@ struct Tally {
     int top1 = 0, answer = 0, n = 0;
 };
 
+// The table (mean, p95 and max KL, agreement, Jaccard, ms per request) and one JSON line per
+// candidate.
+void print_summary(const std::vector<std::string>& candidates, std::map<std::string, Tally>& tally) {
+    std::printf("%-14s %5s %10s %10s %10s %7s %7s %8s %8s %9s\n", "candidate", "n", "mean KL",
+                "p95 KL", "max KL", "top-1", "answer", "mean J", "min J", "ms/req");
+    for (const std::string& c : candidates) {
+        Tally& t = tally[c];
+        std::vector<double> kl = t.kl;
+        std::sort(kl.begin(), kl.end());
+        double mean = 0.0, jm = 0.0, ms = 0.0;
+        for (double v : t.kl) mean += v / t.n;
+        for (double v : t.jac) jm += v / t.n;
+        for (double v : t.ms) ms += v / t.n;
+        const double p95 = kl[std::min(kl.size() - 1, size_t(std::ceil(0.95 * kl.size())) - 1)];
+        const double jmin = *std::min_element(t.jac.begin(), t.jac.end());
+        std::printf("%-14s %5d %10.6f %10.6f %10.6f %7.3f %7.3f %8.4f %8.4f %9.1f\n", c.c_str(),
+                    t.n, mean, p95, kl.back(), double(t.top1) / t.n, double(t.answer) / t.n, jm,
+                    jmin, ms);
+    }
+    for (const std::string& c : candidates) {
+        Tally& t = tally[c];
+        double mean = 0.0;
+        for (double v : t.kl) mean += v / t.n;
+        std::printf(
+            "{\"bench\":\"cpu_paths\",\"candidate\":\"%s\",\"requests\":%d,\"mean_first_kl\":%.8f,"
+            "\"max_first_kl\":%.8f,\"top1_agree\":%.4f,\"answer_agree\":%.4f,\"tiles\":\"%s\"}\n",
+            c.c_str(), t.n, mean, *std::max_element(t.kl.begin(), t.kl.end()), double(t.top1) / t.n,
+            double(t.answer) / t.n, cpu::cpu_has_amx() ? "amx" : "emulated");
+    }
+}
+
 }  // namespace
 
 int run(int argc, char** argv);
@@ -232,31 +263,6 @@ int run(int argc, char** argv) {
                      r.req.context_tokens());
     }
     cpu::set_amx_tiles("");
-    std::printf("%-14s %5s %10s %10s %10s %7s %7s %8s %8s %9s\n", "candidate", "n", "mean KL",
-                "p95 KL", "max KL", "top-1", "answer", "mean J", "min J", "ms/req");
-    for (const std::string& c : candidates) {
-        Tally& t = tally[c];
-        std::vector<double> kl = t.kl;
-        std::sort(kl.begin(), kl.end());
-        double mean = 0.0, jm = 0.0, ms = 0.0;
-        for (double v : t.kl) mean += v / t.n;
-        for (double v : t.jac) jm += v / t.n;
-        for (double v : t.ms) ms += v / t.n;
-        const double p95 = kl[std::min(kl.size() - 1, size_t(std::ceil(0.95 * kl.size())) - 1)];
-        const double jmin = *std::min_element(t.jac.begin(), t.jac.end());
-        std::printf("%-14s %5d %10.6f %10.6f %10.6f %7.3f %7.3f %8.4f %8.4f %9.1f\n", c.c_str(),
-                    t.n, mean, p95, kl.back(), double(t.top1) / t.n, double(t.answer) / t.n, jm,
-                    jmin, ms);
-    }
-    for (const std::string& c : candidates) {
-        Tally& t = tally[c];
-        double mean = 0.0;
-        for (double v : t.kl) mean += v / t.n;
-        std::printf(
-            "{\"bench\":\"cpu_paths\",\"candidate\":\"%s\",\"requests\":%d,\"mean_first_kl\":%.8f,"
-            "\"max_first_kl\":%.8f,\"top1_agree\":%.4f,\"answer_agree\":%.4f,\"tiles\":\"%s\"}\n",
-            c.c_str(), t.n, mean, *std::max_element(t.kl.begin(), t.kl.end()), double(t.top1) / t.n,
-            double(t.answer) / t.n, cpu::cpu_has_amx() ? "amx" : "emulated");
-    }
+    print_summary(candidates, tally);
     return 0;
 }
