@@ -374,6 +374,11 @@ const std::map<std::string, std::string>& descriptions() {
          "tokens of a new request's context work (chunk prefill, scoring, recompute) between two "
          "decode steps of the running requests; long forwards are cut into pieces this long "
          "(the same bits); at least 32"},
+        {"serve.prefill_slice_ms",
+         "the most milliseconds of context work between two decode steps while requests decode "
+         "(checked at every layer of a piece, so a step can come later by one layer of one "
+         "piece); whichever of it and `serve.prefill_chunk` comes first; 0 = tokens only. "
+         "Smaller: steadier streams, slower new requests (docs/serve.md \"Batching\")"},
         {"serve.kv_budget_mb",
          "MiB of KV cache all running requests may hold together (rank 0's caches, a prefill "
          "counted at its peak); a request waits until its share fits, one that could never fit "

@@ -17,13 +17,16 @@ PieceScope*& current_scope() {
 
 }  // namespace
 
-PieceScope::PieceScope(int piece_tokens, bool split_rows, std::function<void()> on_piece)
+PieceScope::PieceScope(int piece_tokens, bool split_rows, std::function<void()> on_piece,
+                       std::chrono::nanoseconds slice)
     : outer_(current_scope()),
       piece_tokens_(piece_tokens),
       split_rows_(split_rows),
-      on_piece_(std::move(on_piece)) {
+      on_piece_(std::move(on_piece)),
+      slice_(slice) {
     IF_CHECK(piece_tokens >= kMinPieceRows,
              "a piece of " << piece_tokens << " tokens; at least " << kMinPieceRows);
+    IF_CHECK(slice.count() >= 0, "a negative time slice for pieces");
     current_scope() = this;
 }
 
@@ -33,16 +36,20 @@ void piece_done(double work) {
     PieceScope* s = current_scope();
     if (s == nullptr || s->running_) return;  // no scope, or work inside the callback itself
     s->done_ += work;
-    if (s->done_ < s->piece_tokens_) return;
+    const auto now = std::chrono::steady_clock::now();
+    const bool timed_out = s->slice_.count() > 0 && now - s->since_ >= s->slice_;
+    if (s->done_ < s->piece_tokens_ && !timed_out) return;
     s->done_ = 0.0;
     s->running_ = true;
     try {
         s->on_piece_();
     } catch (...) {
         s->running_ = false;
+        s->since_ = std::chrono::steady_clock::now();
         throw;
     }
     s->running_ = false;
+    s->since_ = std::chrono::steady_clock::now();  // the slice counts context work only
 }
 
 int piece_rows() {

@@ -13,6 +13,7 @@
 // next collective).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <utility>
 #include <vector>
@@ -30,12 +31,17 @@ class PieceScope {
     // model's products give a row the same bits whatever the rows beside it
     // (products_row_independent, runtime/model/batch_decode.h); otherwise each forward stays one
     // piece.
-    PieceScope(int piece_tokens, bool split_rows, std::function<void()> on_piece);
+    // `slice`: the most time between two callbacks while work is reported (zero: no time bound).
+    PieceScope(int piece_tokens, bool split_rows, std::function<void()> on_piece,
+               std::chrono::nanoseconds slice = std::chrono::nanoseconds(0));
     ~PieceScope();
     PieceScope(const PieceScope&) = delete;
     PieceScope& operator=(const PieceScope&) = delete;
     // The counting starts over (the owner just ran what the callback runs, on its own).
-    void restart() { done_ = 0.0; }
+    void restart() {
+        done_ = 0.0;
+        since_ = std::chrono::steady_clock::now();
+    }
 
   private:
     PieceScope* outer_;
@@ -44,7 +50,9 @@ class PieceScope {
     int piece_tokens_;
     bool split_rows_;
     std::function<void()> on_piece_;
+    std::chrono::nanoseconds slice_;
     double done_ = 0.0;
+    std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
     bool running_ = false;
 };
 

@@ -123,10 +123,13 @@ json ServeEngine::run() {
     {
         const SignalWatcher watcher(st_);
         // Every request's context work on this thread counts towards the next decode step,
-        // across requests too: at most serve.prefill_chunk tokens of it between two steps.
+        // across requests too: at most serve.prefill_chunk tokens or serve.prefill_slice_ms of
+        // it between two steps.
+        const auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::chrono::duration<double, std::milli>(st_.cfg.serve.prefill_slice_ms));
         pieces_ = std::make_unique<PieceScope>(st_.cfg.serve.prefill_chunk,
                                                products_row_independent(*st_.s->model),
-                                               [this] { decode_step(); });
+                                               [this] { decode_step(); }, slice);
         last_heartbeat_ = Clock::now();
         for (;;) {
             if (drain_requested() && !draining_) begin_drain();

@@ -53,8 +53,8 @@ void run_chunk(Model& model, const ChunkSequence& cs, KvCache& cache, LayerDone&
         model.embed(cs.seq.data() + a, b - a, h);
         for (int l = 0; l < c.n_layer; ++l) {
             model.layer_forward(l, h, b - a, cs.pos.data() + a, nullptr, slots.data(), cache);
+            piece_done(double(b - a) / c.n_layer);  // a layer at a time (job serve, pieces.h)
         }
-        piece_done(b - a);
     }
     for (int l = 0; l < c.n_layer; ++l) layer_done(l);
 }

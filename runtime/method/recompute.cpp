@@ -1,7 +1,6 @@
 #include "runtime/method/recompute.h"
 
 #include "runtime/core/error.h"
-#include "runtime/core/pieces.h"
 
 namespace infoflow {
 
@@ -23,9 +22,9 @@ void recompute_selected(Model& model, KvCache& cache, const std::vector<int32_t>
         model.embed(tokens.data(), n, h.data());
     }
     for (int l = first_layer; l < c.n_layer; ++l) {
-        model.layer_forward(l, h.data(), n, pos.data(), group ? group->data() : nullptr,
-                            slots.data(), cache);
-        piece_done(double(n) / c.n_layer);  // a layer at a time (job serve, pieces.h)
+        // In pieces of rows between job serve's decode steps (pieces.h), the same bits.
+        model.layer_forward_pieces(l, h.data(), n, pos.data(), group ? group->data() : nullptr,
+                                   slots.data(), cache);
     }
 }
 

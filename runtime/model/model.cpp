@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "runtime/core/error.h"
+#include "runtime/core/pieces.h"
 #include "runtime/model/model_loader.h"
 
 namespace infoflow {
@@ -228,6 +229,17 @@ void Model::layer_post(int l, float* hidden, const float* attn, int n) {
 
 void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const int32_t* group,
                           const int32_t* slots, KvCache& cache, LayerTap* tap) {
+    layer_forward_rows(l, hidden, n, pos, group, slots, cache, tap, false);
+}
+
+void Model::layer_forward_pieces(int l, float* hidden, int n, const int32_t* pos,
+                                 const int32_t* group, const int32_t* slots, KvCache& cache) {
+    layer_forward_rows(l, hidden, n, pos, group, slots, cache, nullptr, true);
+}
+
+void Model::layer_forward_rows(int l, float* hidden, int n, const int32_t* pos,
+                               const int32_t* group, const int32_t* slots, KvCache& cache,
+                               LayerTap* tap, bool pieces) {
     if (n == 0) return;
     const ModelConfig& c = config();
     ensure_scratch(n);
@@ -235,26 +247,48 @@ void Model::layer_forward(int l, float* hidden, int n, const int32_t* pos, const
     // New K/V go into the cache before attention (docs/design.md §3.5).
     cache.write_rows(l, slots, s_.k.data(), s_.v.data(), n);
     AttnParams ap;
-    ap.q = s_.q.data();
     cache.attn_kv(l, 0, ap);
-    ap.q_pos = pos;
     ap.k_pos = cache.pos_data();
     const bool groups = group != nullptr || cache.has_groups();
     std::vector<int32_t> zero_groups;
     if (groups && group == nullptr) zero_groups.assign(n, 0);
-    ap.q_group = groups ? (group ? group : zero_groups.data()) : nullptr;
+    const int32_t* q_group = groups ? (group ? group : zero_groups.data()) : nullptr;
     ap.k_group = groups ? cache.group_data() : nullptr;
-    ap.n_q = n;
     ap.n_kv = cache.size();
     ap.n_head = c.n_head;
     ap.n_head_kv = c.n_head_kv;
     ap.head_dim = c.head_dim;
-    ap.out = s_.attn.data();
+    const size_t q_row = size_t(c.n_head) * c.head_dim;
     const bool tapped = tap && tap->wants(l);
-    ap.lse = tapped ? s_.lse.data() : nullptr;
-    backend_.attention(ap);
-    if (tapped) tap->on_attention(l, s_.q.data(), s_.lse.data(), n, pos, ap.q_group, cache);
-    layer_post(l, hidden, s_.attn.data(), n);
+    // With `pieces`, the rows' attention and MLP run in piece_ranges(n), each reported to
+    // piece_done (one row's result does not depend on the rows beside it: pieces.h); else at once.
+    const std::vector<std::pair<int, int>> ranges =
+        pieces ? piece_ranges(n) : std::vector<std::pair<int, int>>{{0, n}};
+    // Between pieces the caller's decode steps use this Model's scratch, and a step of more rows
+    // than n grows (reallocates) it: the queries of the pieces to come and the attention output
+    // are then held apart from it.
+    Buffer q_own, attn_own;
+    const float* q = s_.q.data();
+    float* attn = s_.attn.data();
+    if (ranges.size() > 1) {
+        q_own = backend_.alloc_floats(size_t(n) * q_row);
+        attn_own = backend_.alloc_floats(size_t(n) * q_row);
+        backend_.copy(q_own.data(), s_.q.data(), size_t(n) * q_row * sizeof(float));
+        q = q_own.data();
+        attn = attn_own.data();
+    }
+    for (const auto& [a, b] : ranges) {
+        ap.q = q + size_t(a) * q_row;
+        ap.q_pos = pos + a;
+        ap.q_group = q_group ? q_group + a : nullptr;
+        ap.n_q = b - a;
+        ap.out = attn + size_t(a) * q_row;
+        ap.lse = tapped ? s_.lse.data() : nullptr;
+        backend_.attention(ap);
+        if (tapped) tap->on_attention(l, q, s_.lse.data(), n, pos, q_group, cache);
+        layer_post(l, hidden + size_t(a) * c.n_embd, attn + size_t(a) * q_row, b - a);
+        if (pieces) piece_done(double(b - a) / c.n_layer);
+    }
 }
 
 void Model::layer_kv(int l, const float* hidden, int n, const int32_t* pos, float* k_out,

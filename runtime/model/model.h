@@ -52,6 +52,13 @@ class Model {
     void layer_forward(int l, float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,
                        const int32_t* group /*[n] or nullptr*/, const int32_t* slots /*[n]*/,
                        KvCache& cache, LayerTap* tap = nullptr);
+    // layer_forward (no tap) with the rows' attention and MLP cut into piece_ranges(n) after the
+    // K/V of all rows are written, each piece reported to piece_done as rows / n_layer: job
+    // serve's decode steps can then come between them (runtime/core/pieces.h). The same bits
+    // as layer_forward where piece_rows() splits at all (row-independent products, pieces of at
+    // least kMinPieceRows rows); outside a PieceScope it is layer_forward plus one report.
+    void layer_forward_pieces(int l, float* hidden, int n, const int32_t* pos,
+                              const int32_t* group, const int32_t* slots, KvCache& cache);
 
     // K and V of layer `l` for the rows (RoPE at `pos`), without attention or cache writes.
     void layer_kv(int l, const float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,
@@ -95,6 +102,8 @@ class Model {
                                const std::vector<int32_t>* group = nullptr);
 
   private:
+    void layer_forward_rows(int l, float* hidden, int n, const int32_t* pos, const int32_t* group,
+                            const int32_t* slots, KvCache& cache, LayerTap* tap, bool pieces);
     struct Scratch {
         int n = 0;
         Buffer xn, q, k, v, attn, lse, gate, up, qkv;

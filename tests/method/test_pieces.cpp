@@ -1,14 +1,16 @@
 // A request's context work in pieces (runtime/core/pieces.h, job serve's interleaving) against
 // the same request in one go: on the real SmolLM2 file (stored weights, whose products are
 // row-independent), `full`, `infoflow` and `cacheblend` with forwards cut into pieces of 100, 32
-// and 64 rows and, between the pieces, decode steps of two other requests on the same Model (what
+// and 64 rows (the recompute's layers cut into pieces of rows too) and, between the pieces, decode steps of two other requests on the same Model (what
 // job serve's rank 0 does) give bit-identical first-token logits, the same selection and the same
 // answer. With fp32 weights (not held to row independence) the scope leaves forwards whole and the bits hold
 // too. Also the cut itself: piece_ranges never leaves a piece under kMinPieceRows.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <thread>
 
 #include "runtime/core/fs.h"
 #include "runtime/core/pieces.h"
@@ -66,6 +68,30 @@ TEST_CASE("pieces: cut rows never leave a piece under kMinPieceRows", "[pieces]"
     const PieceScope whole(64, false, [] {});  // rows not split: one piece
     CHECK(piece_ranges(1000).size() == 1);
     CHECK_THROWS_WITH(PieceScope(8, true, [] {}), Catch::Contains("at least 32"));
+}
+
+TEST_CASE("pieces: a time slice runs the callback before the tokens are done", "[pieces]") {
+    int calls = 0;
+    {
+        const PieceScope tokens_only(1000, true, [&] { ++calls; });
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        piece_done(1.0);
+        CHECK(calls == 0);  // 1 token of 1000, no time bound
+    }
+    {
+        const PieceScope sliced(1000, true, [&] { ++calls; }, std::chrono::milliseconds(2));
+        piece_done(1.0);
+        CHECK(calls == 0);  // neither bound reached yet (the slice starts with the scope)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        piece_done(1.0);
+        CHECK(calls == 1);  // the slice passed
+        piece_done(1.0);
+        CHECK(calls == 1);  // it starts over after the callback
+        piece_done(1000.0);
+        CHECK(calls == 2);  // the tokens still bound it
+    }
+    CHECK_THROWS_WITH(PieceScope(64, true, [] {}, std::chrono::milliseconds(-1)),
+                      Catch::Contains("negative"));
 }
 
 TEST_CASE("pieces: a request in pieces with decode steps between them gives the same bits",
