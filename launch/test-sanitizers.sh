@@ -4,7 +4,9 @@
 # runs the CPU and MPI test suite once under it, then each fuzz target for a short time.
 #   launch/test-sanitizers.sh                 (build, tests, fuzz)
 #   launch/test-sanitizers.sh --configure-only
-# Environment: INFOFLOW_SAN_BUILD_DIR (default build-san/), INFOFLOW_JOBS (default nproc),
+# Environment: INFOFLOW_SAN_BUILD_DIR (default build-san/), INFOFLOW_JOBS (default nproc: build
+# jobs, and the plain test executables of INFOFLOW_SAN_TARGETS run at once; INFOFLOW_SAN_JOBS
+# sets those alone),
 # INFOFLOW_FUZZ_SECONDS (per target, default 30; 0 skips fuzzing), INFOFLOW_SAN_TESTS (a CTest
 # -R regex to run a subset; default all tests except the GPU ones), INFOFLOW_SAN_LABEL (a CTest
 # label, e.g. cpu: only the tests carrying it), INFOFLOW_SAN_TARGETS (a
@@ -89,9 +91,46 @@ serve_smoke() {
     wait "$job" || { cat "$out"; echo "[sanitizers] serve: exit code $? after SIGTERM"; return 1; }
     grep -E "^\[serve\]|stopped" "$out"
 }
+# One plain test executable under the sanitizers, its output into $build/san-logs/NAME.txt; exit
+# 77 is the executable's own "skipped" (tests_amx_hw without AMX).
+run_plain() {
+    local t="$1" rc=0 s
+    s=$(cut -d' ' -f1 /proc/uptime)
+    "./$t" --use-colour no "${catch_args[@]}" > "san-logs/$t.txt" 2>&1 || rc=$?
+    if [ "$rc" -eq 77 ]; then
+        echo "[sanitizers] $t: skipped (exit 77)"
+    elif [ "$rc" -ne 0 ]; then
+        cat "san-logs/$t.txt"
+        echo "[sanitizers] $t: FAILED (exit $rc)"
+        return "$rc"
+    fi
+    awk -v s="$s" -v t="$t" '{ printf "[sanitizers] %s: %.0f s\n", t, $1 - s }' /proc/uptime
+}
 (
     cd "$build"
     if [ -n "$san_targets" ]; then
+        # The plain executables first, INFOFLOW_SAN_JOBS at a time (default: the cores; each
+        # runs its cases on one thread of its own), then the MPI ones, the demo and the server
+        # one after another (they start ranks of their own).
+        mkdir -p san-logs
+        pool="${INFOFLOW_SAN_JOBS:-$jobs}"
+        failed=0
+        running=0
+        for t in $san_targets; do
+            case "$t" in demo | serve | *:*) continue ;; esac
+            echo "[sanitizers] $t"
+            run_plain "$t" &
+            running=$((running + 1))
+            if [ "$running" -ge "$pool" ]; then
+                wait -n || failed=1
+                running=$((running - 1))
+            fi
+        done
+        while [ "$running" -gt 0 ]; do
+            wait -n || failed=1
+            running=$((running - 1))
+        done
+        [ "$failed" -eq 0 ] || exit 1
         for t in $san_targets; do
             s=$(cut -d' ' -f1 /proc/uptime)
             case "$t" in
@@ -112,17 +151,7 @@ serve_smoke() {
                 echo "[sanitizers] ${t%%:*} on ${t##*:} ranks"
                 mpi_run "${t##*:}" "./${t%%:*}" --use-colour no "${catch_args[@]}"
                 ;;
-            *)
-                echo "[sanitizers] $t"
-                # Exit 77: the executable's own "skipped" (tests_amx_hw without AMX).
-                rc=0
-                "./$t" --use-colour no "${catch_args[@]}" || rc=$?
-                if [ "$rc" -eq 77 ]; then
-                    echo "[sanitizers] $t: skipped (exit 77)"
-                elif [ "$rc" -ne 0 ]; then
-                    exit "$rc"
-                fi
-                ;;
+            *) continue ;;
             esac
             awk -v s="$s" -v t="$t" '{ printf "[sanitizers] %s: %.0f s\n", t, $1 - s }' /proc/uptime
         done
