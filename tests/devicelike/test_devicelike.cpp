@@ -144,7 +144,7 @@ TEST_CASE("device-like backend: sequence-parallel pipeline on one rank equals th
 }
 
 TEST_CASE("device-like backend: SmolLM2 demo request, infoflow, equals the CPU backend",
-          "[devicelike][slow]") {
+          "[devicelike][heavy]") {
     install_guard_handler();
     const std::string path = INFOFLOW_MODEL_PATH;
     Config base = load_config(std::string(INFOFLOW_SOURCE_DIR) + "/configs/demo.toml",

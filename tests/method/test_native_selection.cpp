@@ -51,7 +51,7 @@ Scored score_request(const ModelWeights& w, const PreparedRequest& req, const Co
 }  // namespace
 
 TEST_CASE("native weights select what fp32 weights select, with the same scores [6.4]",
-          "[method][real][slow]") {
+          "[method][real][heavy]") {
     Config cfg = courier_config(INFOFLOW_MODEL_PATH);
     GgufFile gguf(INFOFLOW_MODEL_PATH);
     const Tokenizer tok = Tokenizer::from_gguf(gguf);
