@@ -1071,6 +1071,9 @@ bool exchange_whole_context(Config::Exchange v) {
     return v == Config::Exchange::gather || v == Config::Exchange::compact_int8 ||
            v == Config::Exchange::compact_int4 || v == Config::Exchange::compact_int4h;
 }
+bool exchange_answer_on_rank0(Config::Exchange v) {
+    return exchange_answer_kv(v) || exchange_whole_context(v);
+}
 const char* to_string(Config::Placement v) { return enum_name(v); }
 const char* to_string(Config::Balance v) { return enum_name(v); }
 const char* to_string(Config::LinkKind v) { return enum_name(v); }

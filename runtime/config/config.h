@@ -349,6 +349,9 @@ const char* to_string(Config::Exchange v);
 bool exchange_recompute_kv(Config::Exchange v);
 bool exchange_answer_kv(Config::Exchange v);
 bool exchange_whole_context(Config::Exchange v);
+// The answer and the decode run on rank 0 over its cache (every value but `exact` and
+// `kv-answer-exact`, which merge partial states across the ranks).
+bool exchange_answer_on_rank0(Config::Exchange v);
 const char* to_string(Config::Placement v);
 const char* to_string(Config::Balance v);
 const char* to_string(Config::LinkKind v);

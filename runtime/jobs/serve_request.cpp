@@ -162,7 +162,8 @@ PlannedRequest plan_documents(const Config& base, const Session& s,
 bool decodes_on_rank0(const Config& cfg, int ranks) {
     const Config::Method m = cfg.method.name;
     if (m == Config::Method::ring) return false;
-    return ranks == 1 || m == Config::Method::full || cfg.parallel.exchange == Config::Exchange::kv;
+    return ranks == 1 || m == Config::Method::full ||
+           exchange_answer_on_rank0(cfg.parallel.exchange);
 }
 
 uint64_t kv_need_bytes(const PlannedRequest& p, const Model& model, int ranks, bool documents) {

@@ -51,10 +51,11 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
                  (cfg.store.path.empty() && cfg.parallel.placement == Config::Placement::chunks),
              "shared chunks (job sweep) with store.path or parallel.placement = \"tokens\" "
              "on P ranks are not implemented yet");
-    IF_CHECK(!hooks.take_cache || (cfg.parallel.exchange == Config::Exchange::kv &&
+    IF_CHECK(!hooks.take_cache || (exchange_answer_on_rank0(cfg.parallel.exchange) &&
                                    !hooks.forced_ref && !hooks.on_forced),
-             "taking the prompt cache (job serve's batched decode) with parallel.exchange = "
-             "\"exact\" or teacher forcing is not implemented yet");
+             "taking the prompt cache (job serve's batched decode) with parallel.exchange = \""
+                 << to_string(cfg.parallel.exchange)
+                 << "\" (the answer across the ranks) or teacher forcing is not implemented yet");
     // parallel.placement = "tokens": chunks cut at the even shard edges of these P ranks (§5.1)
     const PreparedRequest req = place_request(req_in, cfg, comm.size());
     const Config::Exchange ex = cfg.parallel.exchange;

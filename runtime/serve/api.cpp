@@ -398,8 +398,12 @@ void parse_infoflow(const json& body, CompletionRequest& r) {
         r.ratio = as_number(*q, "infoflow.ratio", 0.0, 1.0, false);
     if (const json* e = field(*x, "exchange")) {
         r.exchange = as_string(*e, "infoflow.exchange");
-        if (*r.exchange != "kv" && *r.exchange != "exact") {
-            bad_field("infoflow.exchange", "must be 'kv' or 'exact', got '" + *r.exchange + "'");
+        static const char* const known[] = {"kv", "exact", "gather", "compact-int8",
+                                            "compact-int4", "compact-int4h"};
+        if (std::find(std::begin(known), std::end(known), *r.exchange) == std::end(known)) {
+            bad_field("infoflow.exchange",
+                      "must be 'kv', 'exact', 'gather', 'compact-int8', 'compact-int4' or "
+                      "'compact-int4h', got '" + *r.exchange + "'");
         }
     }
 }

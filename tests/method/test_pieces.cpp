@@ -11,6 +11,7 @@
 #include <memory>
 #include <numeric>
 #include <thread>
+#include <tuple>
 
 #include "runtime/core/fs.h"
 #include "runtime/core/pieces.h"
@@ -150,14 +151,19 @@ TEST_CASE("pieces: fp32 weights keep forwards whole, the bits hold", "[pieces]")
 TEST_CASE("take_cache: the prompt decoded by the caller gives run_method's answer", "[pieces]") {
     TinyModel tm;
     const PreparedRequest req = random_request(8, tm.w.config.n_vocab, 6, {40, 30, 50}, 8);
-    for (const auto& [method, emulate] :
-         {std::pair{Config::Method::full, 1}, std::pair{Config::Method::infoflow, 1},
-          std::pair{Config::Method::infoflow, 2}, std::pair{Config::Method::epic, 1}}) {
-        INFO(to_string(method) << " on " << emulate << " emulated rank(s)");
+    using X = Config::Exchange;
+    for (const auto& [method, emulate, exchange] :
+         {std::tuple{Config::Method::full, 1, X::kv}, std::tuple{Config::Method::infoflow, 1, X::kv},
+          std::tuple{Config::Method::infoflow, 2, X::kv},
+          std::tuple{Config::Method::infoflow, 2, X::compact_int4},
+          std::tuple{Config::Method::epic, 1, X::kv}}) {
+        INFO(to_string(method) << " on " << emulate << " emulated rank(s), exchange "
+                               << to_string(exchange));
         Config cfg;
         cfg.method.name = method;
         cfg.method.ratio = 0.3;
         cfg.parallel.emulate_ranks = emulate;
+        cfg.parallel.exchange = exchange;
         cfg.decode.max_new_tokens = 7;
         const MethodResult whole = run_method(*tm.m, req, cfg, {});
         RunHooks hooks;
@@ -170,7 +176,7 @@ TEST_CASE("take_cache: the prompt decoded by the caller gives run_method's answe
         const MethodResult r = run_method(*tm.m, req, cfg, {}, hooks);
         REQUIRE(taken);
         CHECK(r.answer.empty());  // the caller decodes
-        CHECK(group == (emulate > 1 ? 0 : -1));
+        CHECK(group == (emulate > 1 && exchange == X::kv ? 0 : -1));  // kv: rank 0's keys
         CHECK(taken->size() == r.context_tokens + r.suffix_tokens);
         // Job serve's KV budget counts at least what the cache holds.
         PlannedRequest plan;

@@ -105,6 +105,8 @@ def specs(np):
         out[4] = ("exact", dict(documents=make_docs(4, 60, 4), max_tokens=10,
                                 question="Who founded the archive of town 4-3?",
                                 infoflow={"exchange": "exact"}))
+        # a whole-context exchange decodes on rank 0, in the batch like kv
+        out[7] = ("compact4", dict(out[7][1], infoflow={"exchange": "compact-int4"}))
     return out
 
 
