@@ -129,6 +129,7 @@ void Metrics::observe_decode_step(double s, int rows, bool in_prefill) {
     ++steps_;
     step_rows_ += uint64_t(rows);
     batch_size_ = rows;
+    if (rows > 1) ++batched_steps_;
     if (in_prefill) ++prefill_steps_;
 }
 
@@ -172,6 +173,9 @@ void Metrics::render_batching(std::ostream& os) const {
     header(os, "infoflow_decode_rows_total", "counter",
            "request rows over all decode steps (rows / steps = the mean batch size)");
     os << "infoflow_decode_rows_total " << step_rows_ << "\n";
+    header(os, "infoflow_decode_steps_batched_total", "counter",
+           "decode steps over more than one request");
+    os << "infoflow_decode_steps_batched_total " << batched_steps_ << "\n";
     header(os, "infoflow_decode_steps_in_prefill_total", "counter",
            "decode steps run between two pieces of a request's context work");
     os << "infoflow_decode_steps_in_prefill_total " << prefill_steps_ << "\n";

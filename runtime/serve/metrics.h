@@ -71,7 +71,7 @@ class Metrics {
     std::map<std::string, uint64_t> cancels_;
     std::map<std::string, std::pair<uint64_t, uint64_t>> bytes_;  // phase -> sent, received
     Histogram ttft_, e2e_, pipeline_ttft_, step_, itl_;
-    uint64_t steps_ = 0, step_rows_ = 0, prefill_steps_ = 0;
+    uint64_t steps_ = 0, step_rows_ = 0, prefill_steps_ = 0, batched_steps_ = 0;
     int running_ = 0, max_batch_ = 0, batch_size_ = 0;
     uint64_t kv_in_use_ = 0, kv_limit_ = 0;
     uint64_t prompt_tokens_ = 0, completion_tokens_ = 0;
