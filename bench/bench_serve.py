@@ -234,6 +234,8 @@ def start_ours(a, tmp, build, name, max_clients):
                  "--set", "serve.kv_budget_mb=8192"]
         if a.prefill_chunk:
             args += ["--set", f"serve.prefill_chunk={a.prefill_chunk}"]
+        if a.prefill_slice_ms is not None:
+            args += ["--set", f"serve.prefill_slice_ms={a.prefill_slice_ms}"]
     if a.ranks > 1:
         args = ["mpirun", "-n", str(a.ranks), "--oversubscribe", "--bind-to", "none"] + args
     log_f = open(os.path.join(tmp, f"{name}.log"), "w")
@@ -443,20 +445,24 @@ def measure(a, tmp, docs, facts, peer_bin):
             procs.append(before)
             store_documents(ports["ours before"], docs)
         for clients in a.clients:
-            peers = [start_peer(a, tmp, peer_bin, 0, clients)]
-            ports["llama-server"] = peers[0][1]
-            if a.peer_reuse:
-                peers.append(start_peer(a, tmp, peer_bin, a.peer_reuse, clients))
-                ports["llama-server reuse"] = peers[1][1]
             variants = ["ours infoflow+store", "ours full"] + \
                 (["ours before"] if a.baseline_build and clients == 1 else []) + \
                 ["llama-server"] + (["llama-server reuse"] if a.peer_reuse else [])
+            if a.variants:
+                variants = [v for v in variants if v in a.variants]
+            peers = []
+            if "llama-server" in variants:
+                peers.append(start_peer(a, tmp, peer_bin, 0, clients))
+                ports["llama-server"] = peers[-1][1]
+            if "llama-server reuse" in variants:
+                peers.append(start_peer(a, tmp, peer_bin, a.peer_reuse, clients))
+                ports["llama-server reuse"] = peers[-1][1]
             try:
                 got = run_level(a, clients, variants, ports, reqs_for)
             finally:
                 for p, _ in peers:
                     stop(p)
-            full_text = {r["key"]: r["text"] for r in got["ours full"][0]}
+            full_text = {r["key"]: r["text"] for r in got.get("ours full", ([], 0))[0]}
             for v in variants:
                 summaries.append(summarize(v, clients, got[v][0], got[v][1], full_text))
     finally:
@@ -500,6 +506,15 @@ def parse_args():
     ap.add_argument("--prefill-chunk", type=int, default=0,
                     help="ours: serve.prefill_chunk (0: the config's): tokens of context work "
                          "between two decode steps")
+    ap.add_argument("--prefill-slice-ms", type=float, default=None,
+                    help="ours: serve.prefill_slice_ms (default: the config's): the most "
+                         "milliseconds of context work between two decode steps")
+    ap.add_argument("--variants", type=lambda s: [v.strip() for v in s.split(",") if v.strip()],
+                    default=[],
+                    help="run only these variants (comma-separated names as in the table, e.g. "
+                         "'ours infoflow+store,ours full'); default: all. Without llama-server "
+                         "the ratios to it are not printed: a study of our own settings, not "
+                         "the benchmark")
     ap.add_argument("--baseline-build", default="",
                     help="a build dir whose infoflow_sp is measured at 1 client as 'ours before'")
     ap.add_argument("--results-dir", default="")
