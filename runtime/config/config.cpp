@@ -54,7 +54,7 @@ IF_ENUM_NAMES(Config::BlendMetric, "v", "k")
 IF_ENUM_NAMES(Config::EpicMode, "ratio", "fixed")
 IF_ENUM_NAMES(Config::Comm, "auto", "mpi", "nccl", "self")
 IF_ENUM_NAMES(Config::Exchange, "kv", "exact", "kv-answer-exact", "exact-answer-kv", "gather",
-              "compact-int8", "compact-int4", "compact-int4h")
+              "compact-int8", "compact-int4", "compact-int4h", "auto")
 IF_ENUM_NAMES(Config::Placement, "chunks", "tokens")
 IF_ENUM_NAMES(Config::Balance, "auto", "true", "false")
 IF_ENUM_NAMES(Config::LinkKind, "auto", "shm", "tcp", "ib", "nvlink")
@@ -1071,6 +1071,18 @@ bool exchange_whole_context(Config::Exchange v) {
     return v == Config::Exchange::gather || v == Config::Exchange::compact_int8 ||
            v == Config::Exchange::compact_int4 || v == Config::Exchange::compact_int4h;
 }
+Config::Exchange resolve_exchange(Config::Exchange v, int ranks) {
+    if (v != Config::Exchange::automatic) return v;
+    (void)ranks;
+    return Config::Exchange::kv;
+}
+
+Config with_exchange_for(const Config& cfg, int ranks) {
+    Config c = cfg;
+    c.parallel.exchange = resolve_exchange(cfg.parallel.exchange, ranks);
+    return c;
+}
+
 bool exchange_answer_on_rank0(Config::Exchange v) {
     return exchange_answer_kv(v) || exchange_whole_context(v);
 }

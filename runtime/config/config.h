@@ -51,7 +51,8 @@ struct Config {
         gather,           // every context row to every rank as stored: the one-rank result
         compact_int8,     // the unselected rows once as 8-bit codes, S at full precision
         compact_int4,     // the same with 4-bit codes
-        compact_int4h     // 4-bit codes of each head turned by a Hadamard matrix
+        compact_int4h,    // 4-bit codes of each head turned by a Hadamard matrix
+        automatic         // "auto" (the default): resolve_exchange picks one for the rank count
     };
     enum class Placement { chunks, tokens };    // parallel.placement
     enum class Balance { automatic, on, off };  // parallel.balance: "auto" | true | false
@@ -153,7 +154,7 @@ struct Config {
     };
     struct ParallelSection {
         Comm comm = Comm::automatic;
-        Exchange exchange = Exchange::kv;
+        Exchange exchange = Exchange::automatic;
         // > 1: single-rank run with what `exchange` computes on this many ranks (§5.2)
         int emulate_ranks = 0;
         // job sweep: > 1 runs a point's method on this many virtual ranks in one process (the
@@ -349,6 +350,12 @@ const char* to_string(Config::Exchange v);
 bool exchange_recompute_kv(Config::Exchange v);
 bool exchange_answer_kv(Config::Exchange v);
 bool exchange_whole_context(Config::Exchange v);
+// parallel.exchange made concrete for `ranks` ranks (real, virtual or emulated): "auto" is the
+// measured default (docs/quality.md "P ranks"); any other value is itself. Every pipeline runs
+// the resolved value, and results report it.
+Config::Exchange resolve_exchange(Config::Exchange v, int ranks);
+// `cfg` with parallel.exchange resolved for `ranks` ranks.
+Config with_exchange_for(const Config& cfg, int ranks);
 // The answer and the decode run on rank 0 over its cache (every value but `exact` and
 // `kv-answer-exact`, which merge partial states across the ranks).
 bool exchange_answer_on_rank0(Config::Exchange v);

@@ -206,7 +206,9 @@ const std::map<std::string, std::string>& descriptions() {
          "the unselected tokens' rows as 8-bit / 4-bit codes, `compact-int4h` as 4-bit codes of "
          "each head turned by a Hadamard matrix (runtime/method/kv_codec.h); "
          "`kv-answer-exact` and `exact-answer-kv` mix the two halves (`kv`'s recompute with "
-         "`exact`'s answer, and the reverse: the decomposition of docs/quality.md)"},
+         "`exact`'s answer, and the reverse: the decomposition of docs/quality.md); `auto` "
+         "(the default) = the measured default for the rank count (docs/quality.md \"P "
+         "ranks\"), reported as the value it resolved to"},
         {"parallel.virtual_ranks",
          "job `sweep`: run a point's method on this many virtual ranks in one process (the "
          "sequence-parallel code, its messages through an in-process communicator, the ranks "

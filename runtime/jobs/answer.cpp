@@ -148,7 +148,7 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
 
     std::printf("model      : %s (%s, %d threads, %d rank%s, exchange %s)\n",
                 s.weights->source.c_str(), s.backend->name().c_str(), cfg.model.threads, r.ranks,
-                r.ranks > 1 ? "s" : "", to_string(cfg.parallel.exchange));
+                r.ranks > 1 ? "s" : "", to_string(resolve_exchange(cfg.parallel.exchange, r.ranks)));
     std::printf("device     : %s\n", devices_summary(s.devices).c_str());
     if (s.backend->name() == "cpu")
         std::printf("products   : %s\n", cpu::cpu_products_summary().c_str());

@@ -115,13 +115,13 @@ std::vector<Variant> make_variants(const Config& base, int P) {
         } else if (m == Config::Method::full) {
             variants.push_back({"single", c});
         } else if (P > 1) {
-            // kv and exact, and the configured parallel.exchange (the default's) when it is
-            // neither.
+            // kv and exact, and the configured parallel.exchange (by default "auto", resolved
+            // for P ranks) when it is neither.
+            const Config::Exchange chosen = resolve_exchange(base.parallel.exchange, P);
             std::vector<Config::Exchange> exchanges = {Config::Exchange::kv,
                                                        Config::Exchange::exact};
-            if (base.parallel.exchange != Config::Exchange::kv &&
-                base.parallel.exchange != Config::Exchange::exact) {
-                exchanges.push_back(base.parallel.exchange);
+            if (chosen != Config::Exchange::kv && chosen != Config::Exchange::exact) {
+                exchanges.push_back(chosen);
             }
             for (auto ex : exchanges) {
                 c.parallel.exchange = ex;

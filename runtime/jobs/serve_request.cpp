@@ -163,7 +163,7 @@ bool decodes_on_rank0(const Config& cfg, int ranks) {
     const Config::Method m = cfg.method.name;
     if (m == Config::Method::ring) return false;
     return ranks == 1 || m == Config::Method::full ||
-           exchange_answer_on_rank0(cfg.parallel.exchange);
+           exchange_answer_on_rank0(resolve_exchange(cfg.parallel.exchange, ranks));
 }
 
 uint64_t kv_need_bytes(const PlannedRequest& p, const Model& model, int ranks, bool documents) {
@@ -209,7 +209,7 @@ json infoflow_object(const MethodResult& r, const Session& s, const PlannedReque
     j.erase("job");
     j.erase("model");
     j["ratio"] = p.cfg.method.ratio;
-    j["exchange"] = to_string(p.cfg.parallel.exchange);
+    j["exchange"] = to_string(resolve_exchange(p.cfg.parallel.exchange, r.ranks));
     j["queue_ms"] = queue_ms;
     j["server_ttft_ms"] = server_ttft_ms;
     j["recomputed_tokens"] = r.selected_positions.size();

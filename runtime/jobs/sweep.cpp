@@ -443,7 +443,7 @@ json point_row(const SweepState& st, const CaseRun& c, const std::string& label,
         json cp = json::array();
         for (const auto& [name, ms] : pr.timing.critical_path) cp.push_back({{name, ms}});
         row["critical_path"] = cp;
-        row["exchange"] = to_string(pcfg.parallel.exchange);
+        row["exchange"] = to_string(resolve_exchange(pcfg.parallel.exchange, pr.timing.ranks));
         row["softmax"] = to_string(pcfg.scoring.softmax);
         add_bytes(row, r, ring_reference_bytes(st.model, c.T + r.suffix_tokens, pr.timing.ranks));
     }

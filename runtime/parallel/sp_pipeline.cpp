@@ -42,6 +42,10 @@ void gather_phases(Communicator& comm, MethodResult& r) {
 MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Config& cfg,
                            Communicator& comm, const std::vector<int32_t>& stop_ids,
                            const RunHooks& hooks) {
+    if (cfg.parallel.exchange == Config::Exchange::automatic) {
+        return run_method_sp(model, req_in, with_exchange_for(cfg, comm.size()), comm, stop_ids,
+                             hooks);
+    }
     check_recompute_method(cfg, "sequence-parallel");
     IF_CHECK(!cfg.method.reorder, "method.reorder = true runs on one rank only");
     IF_CHECK(!hooks.before_decode && !hooks.after_decode,

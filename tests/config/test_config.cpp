@@ -201,6 +201,7 @@ allow_unauthenticated = true
 queue_size = 4
 max_batch = 3
 prefill_chunk = 128
+prefill_slice_ms = 5.0
 kv_budget_mb = 100
 max_body_bytes = 4096
 max_tokens = 64
@@ -259,7 +260,7 @@ TEST_CASE("defaults follow docs/design.md", "[cpu][config]") {
     CHECK(c.epic.mode == C::EpicMode::ratio);
     CHECK(c.epic.k == 16);
     CHECK(c.parallel.comm == C::Comm::automatic);
-    CHECK(c.parallel.exchange == C::Exchange::kv);
+    CHECK(c.parallel.exchange == C::Exchange::automatic);
     CHECK(c.parallel.emulate_ranks == 0);
     CHECK(c.parallel.balance == C::Balance::automatic);
     CHECK(c.parallel.link == C::LinkKind::automatic);
@@ -370,6 +371,7 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.serve.queue_size == 4);
     CHECK(c.serve.max_batch == 3);
     CHECK(c.serve.prefill_chunk == 128);
+    CHECK(c.serve.prefill_slice_ms == 5.0);
     CHECK(c.serve.kv_budget_mb == 100);
     CHECK(c.output.path == "out/r.json");
     CHECK(c.output.csv == "out/r.csv");
@@ -519,6 +521,8 @@ TEST_CASE("out-of-range values and bad enum names", "[cpu][config]") {
           "serve.max_batch at x.toml:2: must be in [1, 1024], got 0");
     CHECK(error_of([] { parse("[serve]\nprefill_chunk = 16\n"); }) ==
           "serve.prefill_chunk at x.toml:2: must be >= 32, got 16");
+    CHECK_THAT(error_of([] { parse("[serve]\nprefill_slice_ms = -1.0\n"); }),
+               Contains("serve.prefill_slice_ms at x.toml:2: must be >= 0"));
     CHECK(error_of([] { parse("[serve]\nkv_budget_mb = 0\n"); }) ==
           "serve.kv_budget_mb at x.toml:2: must be >= 1, got 0");
 
