@@ -207,8 +207,10 @@ const std::map<std::string, std::string>& descriptions() {
          "each head turned by a Hadamard matrix (runtime/method/kv_codec.h); "
          "`kv-answer-exact` and `exact-answer-kv` mix the two halves (`kv`'s recompute with "
          "`exact`'s answer, and the reverse: the decomposition of docs/quality.md); `auto` "
-         "(the default) = the measured default for the rank count (docs/quality.md \"P "
-         "ranks\"), reported as the value it resolved to"},
+         "(the default): `exact` on 3 or more ranks, `kv` on 2, by the held-out study of "
+         "docs/quality.md \"P ranks\" (`compact-int4` keeps one rank's quality within 0.01 "
+         "nats at about half `exact`'s time and a third of the ring's bytes: name it where that "
+         "matters); results report the value it resolved to"},
         {"parallel.virtual_ranks",
          "job `sweep`: run a point's method on this many virtual ranks in one process (the "
          "sequence-parallel code, its messages through an in-process communicator, the ranks "

@@ -404,6 +404,11 @@ void print_table(const nlohmann::json& rows, const Session& s, const Setup& st, 
             "segment, collectives modelled (alpha %.1f us, beta %.0f GB/s per direction)\n",
             st.P, s.backend->name().c_str(), st.link.alpha_us, st.link.beta_gbs);
     }
+    if (st.P > 1) {
+        std::printf("exchange: parallel.exchange = \"%s\" runs \"%s\" on %d ranks (its row below)\n",
+                    to_string(base.parallel.exchange),
+                    to_string(resolve_exchange(base.parallel.exchange, st.P)), st.P);
+    }
     std::printf("%7s  %-16s %5s %9s %9s %9s %7s %9s %9s %14s  %s\n", "tokens", "method", "ranks",
                 "min ms", "median ms", "max ms", "spread", "vs single", "vs ring",
                 "bytes/rk/layer", "phases (median ms)");
@@ -578,6 +583,7 @@ nlohmann::json run_bench_ttft(const Config& cfg_in, Session& s) {
     }
     return {{"job", "bench-ttft"},
             {"clock", to_string(base.bench.clock)},
+            {"default_exchange", to_string(resolve_exchange(base.parallel.exchange, st.P))},
             {"rows", rows},
             {"config", cfg_in.to_json()}};
 }

@@ -74,6 +74,9 @@ inline Config method_config(Config::Method m, double ratio = 0.15) {
     c.method.ratio = ratio;
     c.scoring.layers = {1, 2};
     c.decode.max_new_tokens = 4;
+    // The cases built on this name the exchange they test (kv unless they set another); the
+    // default, "auto", has its own cases (tests/mpi/test_sp.cpp).
+    c.parallel.exchange = Config::Exchange::kv;
     return c;
 }
 

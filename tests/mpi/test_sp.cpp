@@ -8,6 +8,7 @@
 // the others waiting).
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <limits>
 
 #include "comm/communicator.h"
@@ -82,6 +83,43 @@ TEST_CASE("sp: exact exchange on P ranks equals one rank [6.4]", "[sp]") {
             if (s.rank() == 0) CHECK(rel_err(r.first_logits, one.first_logits) <= tol());
         }
     }
+}
+
+TEST_CASE("sp: the default exchange (auto) runs what it resolves to on these ranks [5.2]", "[sp]") {
+    Setup s;
+    // kv on 2 ranks, exact on more (docs/quality.md "P ranks"); the run is that exchange's, bit
+    // for bit, and so is its emulation on one rank.
+    const Config::Exchange want = s.P() > 2 ? Config::Exchange::exact : Config::Exchange::kv;
+    CHECK(resolve_exchange(Config::Exchange::automatic, s.P()) == want);
+    CHECK(resolve_exchange(Config::Exchange::compact_int4, s.P()) ==
+          Config::Exchange::compact_int4);  // a named exchange is itself
+    Config def = method_config(Config::Method::infoflow, 0.3);
+    def.parallel.exchange = Config::Exchange::automatic;
+    Config named = def;
+    named.parallel.exchange = want;
+    const MethodResult a = run_request(*s.tm.m, s.req, def, *s.comm, kNoStop);
+    const MethodResult b = run_request(*s.tm.m, s.req, named, *s.comm, kNoStop);
+    CAPTURE(s.P(), s.rank());
+    CHECK(a.selected_positions == b.selected_positions);
+    const auto sent = [](const MethodResult& r) {
+        uint64_t n = 0;
+        for (const auto& p : r.phases) n += p.bytes_sent;
+        return n;
+    };
+    CHECK(sent(a) == sent(b));
+    if (s.rank() == 0) {
+        CHECK(std::memcmp(a.first_logits.data(), b.first_logits.data(),
+                          a.first_logits.size() * sizeof(float)) == 0);
+        CHECK(a.answer == b.answer);
+    }
+    Config emu = def;
+    emu.parallel.emulate_ranks = s.P();
+    Config emu_named = named;
+    emu_named.parallel.emulate_ranks = s.P();
+    const MethodResult e = run_method(*s.tm.m, s.req, emu, kNoStop);
+    const MethodResult f = run_method(*s.tm.m, s.req, emu_named, kNoStop);
+    CHECK(e.first_logits == f.first_logits);
+    CHECK(e.answer == f.answer);
 }
 
 TEST_CASE("sp: kv exchange on P ranks equals emulate_ranks = P [6.4]", "[sp]") {
