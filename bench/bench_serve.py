@@ -300,7 +300,9 @@ def quantile(xs, q):
 def summarize(variant, clients, rows, wall_s, full_text):
     ttft = [r["ttft"] for r in rows]
     gaps = [g for r in rows for g in r["gaps"]]
-    agree = sum(r["text"].strip() == full_text[r["key"]].strip() for r in rows)
+    # Agreement with ours `full` (0 when --variants left it out).
+    agree = sum(r["key"] in full_text and r["text"].strip() == full_text[r["key"]].strip()
+                for r in rows)
     correct = sum(r["answer"].lower() in r["text"].lower() for r in rows)
     return {"variant": variant, "clients": clients, "requests": len(rows),
             "ttft_p50_ms": 1000 * quantile(ttft, 0.5), "ttft_p95_ms": 1000 * quantile(ttft, 0.95),
