@@ -350,10 +350,13 @@ qualitylong)
           && rm -rf "$f"; done; rm -rf "$tmp"' EXIT
     for cfg in configs/quality-long-*.toml; do
         name="$(basename "$cfg" .toml)"
+        # A config timed on the CPU clock runs on one thread (sweep.clock = "cpu" needs it).
+        threads=2
+        grep -qE '^clock *= *"cpu"' "$cfg" && threads=1
         "$bin" --config "$cfg" --set sweep.cases=2 --set sweep.full_correct_only=false \
             --set sweep.first_case=7 \
             --set decode.max_new_tokens=2 --set sweep.context_tokens=320 --set sweep.documents=4 \
-            --set 'sweep.document_tokens=[40, 120]' --set model.threads=2 \
+            --set 'sweep.document_tokens=[40, 120]' --set model.threads=$threads \
             --out "$tmp/$name.json" > "$tmp/$name.txt" 2>&1 \
             || { cat "$tmp/$name.txt"; fail "$cfg (2-case version)"; }
         python3 "$root/tests/cli/validate_result.py" "$root/docs/result.schema.json" \
