@@ -454,13 +454,14 @@ TEST_CASE("sweep on virtual ranks: exact equals one rank, kv at ratio 1 equals f
     cfg.sweep.documents = 3;
     cfg.sweep.context_tokens = 150;
     cfg.sweep.points = {"method.name=infoflow", "parallel.virtual_ranks=2; parallel.exchange=exact",
-                        "parallel.virtual_ranks=3; scoring.softmax=local",
+                        "parallel.virtual_ranks=3; parallel.exchange=kv; scoring.softmax=local",
                         "parallel.virtual_ranks=2; method.ratio=1.0",
-                        "parallel.virtual_ranks=2; parallel.exchange=gather"};
+                        "parallel.virtual_ranks=2; parallel.exchange=gather",
+                        "parallel.virtual_ranks=3"};
     std::unique_ptr<Session> s = open_session(cfg);
     const nlohmann::json out = run_sweep(cfg, *s);
     const auto& rows = out["rows"];
-    REQUIRE(rows.size() == 6);  // full + 5 points
+    REQUIRE(rows.size() == 7);  // full + 6 points
     const auto& one = rows[1];
     const auto& exact2 = rows[2];
     CAPTURE(exact2.dump().substr(0, 300));
@@ -482,6 +483,9 @@ TEST_CASE("sweep on virtual ranks: exact equals one rank, kv at ratio 1 equals f
     // "gather" gives every rank every key: the one-rank run (to rounding: the f32 weights'
     // products depend on the batch, unlike the native weights' exact pass).
     CHECK(rows[5]["exchange"] == "gather");
+    // The default ("auto") on 3 virtual ranks runs and reports exact: one rank's tokens.
+    CHECK(rows[6]["exchange"] == "exact");
+    CHECK(rows[6]["selected_fraction"] == one["selected_fraction"]);
     CHECK(std::fabs(rows[5]["mean_kl"].get<double>() - one["mean_kl"].get<double>()) <
           1e-4 + 1e-3 * one["mean_kl"].get<double>());
     // Each rank's bytes to the first token, and the zigzag ring's busiest rank over the same
