@@ -142,7 +142,8 @@ struct Tally {
 
 // The table (mean, p95 and max KL, agreement, Jaccard, ms per request) and one JSON line per
 // candidate.
-void print_summary(const std::vector<std::string>& candidates, std::map<std::string, Tally>& tally) {
+void print_summary(const std::vector<std::string>& candidates,
+                   std::map<std::string, Tally>& tally) {
     std::printf("%-14s %5s %10s %10s %10s %7s %7s %8s %8s %9s\n", "candidate", "n", "mean KL",
                 "p95 KL", "max KL", "top-1", "answer", "mean J", "min J", "ms/req");
     for (const std::string& c : candidates) {

@@ -36,20 +36,19 @@ void piece_done(double work) {
     PieceScope* s = current_scope();
     if (s == nullptr || s->running_) return;  // no scope, or work inside the callback itself
     s->done_ += work;
-    const auto now = std::chrono::steady_clock::now();
-    const bool timed_out = s->slice_.count() > 0 && now - s->since_ >= s->slice_;
+    const bool timed_out =
+        s->slice_.count() > 0 && std::chrono::steady_clock::now() - s->since_ >= s->slice_;
     if (s->done_ < s->piece_tokens_ && !timed_out) return;
-    s->done_ = 0.0;
     s->running_ = true;
     try {
         s->on_piece_();
     } catch (...) {
         s->running_ = false;
-        s->since_ = std::chrono::steady_clock::now();
+        s->restart();
         throw;
     }
     s->running_ = false;
-    s->since_ = std::chrono::steady_clock::now();  // the slice counts context work only
+    s->restart();  // the next piece's tokens and time count from here (context work only)
 }
 
 int piece_rows() {

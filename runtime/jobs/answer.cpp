@@ -139,6 +139,39 @@ MethodResult answer_request(const Config& cfg, Session& s, const PreparedRequest
     return run_request(*s.model, req, cfg, *s.comm, s.tok().stop_ids(), hooks);
 }
 
+namespace {
+
+// The summary's "shards" line: each rank's context tokens and how they were placed.
+void print_shards(const Config& cfg, const PreparedRequest& req, const MethodResult& r) {
+    if (r.shard_tokens.empty()) return;
+    std::string shards;
+    for (size_t q = 0; q < r.shard_tokens.size(); ++q) {
+        shards += (q ? ", " : "") + std::string("rank ") + std::to_string(q) + " " +
+                  std::to_string(r.shard_tokens[q]);
+    }
+    std::string how = std::string("placement ") + to_string(cfg.parallel.placement);
+    const int n_used = int(r.chunk_order.size());
+    if (n_used > req.n_chunks()) how += ", " + std::to_string(n_used) + " chunks after the cuts";
+    std::printf("shards     : %s tokens (%s)\n", shards.c_str(), how.c_str());
+}
+
+// The summary's "balance" line: the recompute plan of the kv exchange, when one was made.
+void print_balance(const MethodResult& r) {
+    if (!r.recompute_plan.planned) return;
+    const nlohmann::json p = recompute_plan_json(r);
+    std::printf(
+        "balance    : %s (%s): %d tokens moved; modelled %.1f ms, %.2f MB on the busiest "
+        "rank (all on their owners: %.1f ms, %.2f MB); link %s (%.0f us, %.1f GB/s), "
+        "%.0f GMAC/s per rank\n",
+        r.recompute_plan.mode.c_str(), r.recompute_moved > 0 ? "balanced" : "unbalanced",
+        r.recompute_moved, r.recompute_plan.model_ms, p["max_bytes"].get<double>() / 1e6,
+        r.recompute_plan.owned_model_ms, p["owned_max_bytes"].get<double>() / 1e6,
+        r.recompute_plan.link.c_str(), r.recompute_plan.alpha_us, r.recompute_plan.beta_gbs,
+        r.recompute_plan.gmacs);
+}
+
+}  // namespace
+
 nlohmann::json run_answer(const Config& cfg, Session& s) {
     const RequestText text = load_request_text(cfg.request);
     const PreparedRequest req = prepare_request(s.tok(), s.chat_template(), text, cfg);
@@ -148,7 +181,8 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
 
     std::printf("model      : %s (%s, %d threads, %d rank%s, exchange %s)\n",
                 s.weights->source.c_str(), s.backend->name().c_str(), cfg.model.threads, r.ranks,
-                r.ranks > 1 ? "s" : "", to_string(resolve_exchange(cfg.parallel.exchange, r.ranks)));
+                r.ranks > 1 ? "s" : "",
+                to_string(resolve_exchange(cfg.parallel.exchange, r.ranks)));
     std::printf("device     : %s\n", devices_summary(s.devices).c_str());
     if (s.backend->name() == "cpu")
         std::printf("products   : %s\n", cpu::cpu_products_summary().c_str());
@@ -157,36 +191,13 @@ nlohmann::json run_answer(const Config& cfg, Session& s) {
                 to_string(cfg.scoring.layout), cfg.method.reorder ? "  reorder" : "");
     std::printf("context    : %d tokens in %d chunks, suffix %d tokens\n", r.context_tokens,
                 req.n_chunks(), r.suffix_tokens);
-    if (!r.shard_tokens.empty()) {
-        std::string shards;
-        for (size_t q = 0; q < r.shard_tokens.size(); ++q) {
-            shards += (q ? ", " : "") + std::string("rank ") + std::to_string(q) + " " +
-                      std::to_string(r.shard_tokens[q]);
-        }
-        std::string how = std::string("placement ") + to_string(cfg.parallel.placement);
-        const int n_used = int(r.chunk_order.size());
-        if (n_used > req.n_chunks()) {
-            how += ", " + std::to_string(n_used) + " chunks after the cuts";
-        }
-        std::printf("shards     : %s tokens (%s)\n", shards.c_str(), how.c_str());
-    }
+    print_shards(cfg, req, r);
     if (cfg.method.name != Config::Method::full) {
         std::printf(
             "recomputed : %zu tokens (%.1f%% of the context)\n", r.selected_positions.size(),
             r.context_tokens ? 100.0 * r.selected_positions.size() / r.context_tokens : 0.0);
     }
-    if (r.recompute_plan.planned) {
-        const nlohmann::json p = recompute_plan_json(r);
-        std::printf(
-            "balance    : %s (%s): %d tokens moved; modelled %.1f ms, %.2f MB on the busiest "
-            "rank (all on their owners: %.1f ms, %.2f MB); link %s (%.0f us, %.1f GB/s), "
-            "%.0f GMAC/s per rank\n",
-            r.recompute_plan.mode.c_str(), r.recompute_moved > 0 ? "balanced" : "unbalanced",
-            r.recompute_moved, r.recompute_plan.model_ms, p["max_bytes"].get<double>() / 1e6,
-            r.recompute_plan.owned_model_ms, p["owned_max_bytes"].get<double>() / 1e6,
-            r.recompute_plan.link.c_str(), r.recompute_plan.alpha_us, r.recompute_plan.beta_gbs,
-            r.recompute_plan.gmacs);
-    }
+    print_balance(r);
     if (!cfg.store.path.empty()) {
         std::printf(
             "store      : %d chunks, %d context tokens loaded from %s (%.2f MB), %d added\n",

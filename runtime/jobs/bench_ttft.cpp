@@ -405,9 +405,10 @@ void print_table(const nlohmann::json& rows, const Session& s, const Setup& st, 
             st.P, s.backend->name().c_str(), st.link.alpha_us, st.link.beta_gbs);
     }
     if (st.P > 1) {
-        std::printf("exchange: parallel.exchange = \"%s\" runs \"%s\" on %d ranks (its row below)\n",
-                    to_string(base.parallel.exchange),
-                    to_string(resolve_exchange(base.parallel.exchange, st.P)), st.P);
+        std::printf(
+            "exchange: parallel.exchange = \"%s\" runs \"%s\" on %d ranks (its row below)\n",
+            to_string(base.parallel.exchange),
+            to_string(resolve_exchange(base.parallel.exchange, st.P)), st.P);
     }
     std::printf("%7s  %-16s %5s %9s %9s %9s %7s %9s %9s %14s  %s\n", "tokens", "method", "ranks",
                 "min ms", "median ms", "max ms", "spread", "vs single", "vs ring",

@@ -127,9 +127,9 @@ json ServeEngine::run() {
         // it between two steps.
         const auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(
             std::chrono::duration<double, std::milli>(st_.cfg.serve.prefill_slice_ms));
-        pieces_ = std::make_unique<PieceScope>(st_.cfg.serve.prefill_chunk,
-                                               products_row_independent(*st_.s->model),
-                                               [this] { decode_step(); }, slice);
+        pieces_ = std::make_unique<PieceScope>(
+            st_.cfg.serve.prefill_chunk, products_row_independent(*st_.s->model),
+            [this] { decode_step(); }, slice);
         last_heartbeat_ = Clock::now();
         for (;;) {
             if (drain_requested() && !draining_) begin_drain();

@@ -332,8 +332,9 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
 MethodResult run_method(Model& model, const PreparedRequest& req, const Config& cfg,
                         const std::vector<int32_t>& stop_ids, const RunHooks& hooks) {
     if (cfg.parallel.exchange == Config::Exchange::automatic) {  // for the emulated ranks
-        return run_method(model, req, with_exchange_for(cfg, std::max(1, cfg.parallel.emulate_ranks)),
-                          stop_ids, hooks);
+        return run_method(model, req,
+                          with_exchange_for(cfg, std::max(1, cfg.parallel.emulate_ranks)), stop_ids,
+                          hooks);
     }
     // reform, h2o, streamingllm read contexts longer than the model's window (reform.h); they
     // have no chunk phase to share and no hook points yet.

@@ -57,8 +57,8 @@ class Model {
     // serve's decode steps can then come between them (runtime/core/pieces.h). The same bits
     // as layer_forward where piece_rows() splits at all (row-independent products, pieces of at
     // least kMinPieceRows rows); outside a PieceScope it is layer_forward plus one report.
-    void layer_forward_pieces(int l, float* hidden, int n, const int32_t* pos,
-                              const int32_t* group, const int32_t* slots, KvCache& cache);
+    void layer_forward_pieces(int l, float* hidden, int n, const int32_t* pos, const int32_t* group,
+                              const int32_t* slots, KvCache& cache);
 
     // K and V of layer `l` for the rows (RoPE at `pos`), without attention or cache writes.
     void layer_kv(int l, const float* hidden /*[n, n_embd]*/, int n, const int32_t* pos /*[n]*/,

@@ -398,12 +398,14 @@ void parse_infoflow(const json& body, CompletionRequest& r) {
         r.ratio = as_number(*q, "infoflow.ratio", 0.0, 1.0, false);
     if (const json* e = field(*x, "exchange")) {
         r.exchange = as_string(*e, "infoflow.exchange");
-        static const char* const known[] = {"kv", "exact", "gather", "compact-int8",
-                                            "compact-int4", "compact-int4h"};
-        if (std::find(std::begin(known), std::end(known), *r.exchange) == std::end(known)) {
-            bad_field("infoflow.exchange",
-                      "must be 'kv', 'exact', 'gather', 'compact-int8', 'compact-int4' or "
-                      "'compact-int4h', got '" + *r.exchange + "'");
+        // The exchanges a request may name (the decomposition's halves are for the study).
+        static const std::vector<std::string> known = {"kv",           "exact",        "gather",
+                                                       "compact-int8", "compact-int4",
+                                                       "compact-int4h"};
+        if (std::find(known.begin(), known.end(), *r.exchange) == known.end()) {
+            std::string list;
+            for (const std::string& k : known) list += (list.empty() ? "'" : ", '") + k + "'";
+            bad_field("infoflow.exchange", "must be one of " + list + ", got '" + *r.exchange + "'");
         }
     }
 }

@@ -1,10 +1,11 @@
 // A request's context work in pieces (runtime/core/pieces.h, job serve's interleaving) against
 // the same request in one go: on the real SmolLM2 file (stored weights, whose products are
 // row-independent), `full`, `infoflow` and `cacheblend` with forwards cut into pieces of 100, 32
-// and 64 rows (the recompute's layers cut into pieces of rows too) and, between the pieces, decode steps of two other requests on the same Model (what
-// job serve's rank 0 does) give bit-identical first-token logits, the same selection and the same
-// answer. With fp32 weights (not held to row independence) the scope leaves forwards whole and the bits hold
-// too. Also the cut itself: piece_ranges never leaves a piece under kMinPieceRows.
+// and 64 rows (the recompute's layers cut into pieces of rows too) and, between the pieces, decode
+// steps of two other requests on the same Model (what job serve's rank 0 does) give bit-identical
+// first-token logits, the same selection and the same answer. With fp32 weights (not held to row
+// independence) the scope leaves forwards whole and the bits hold too. Also the cut itself:
+// piece_ranges never leaves a piece under kMinPieceRows.
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -80,7 +81,8 @@ TEST_CASE("pieces: a time slice runs the callback before the tokens are done", "
         CHECK(calls == 0);  // 1 token of 1000, no time bound
     }
     {
-        const PieceScope sliced(1000, true, [&] { ++calls; }, std::chrono::milliseconds(2));
+        const PieceScope sliced(
+            1000, true, [&] { ++calls; }, std::chrono::milliseconds(2));
         piece_done(1.0);
         CHECK(calls == 0);  // neither bound reached yet (the slice starts with the scope)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -91,7 +93,8 @@ TEST_CASE("pieces: a time slice runs the callback before the tokens are done", "
         piece_done(1000.0);
         CHECK(calls == 2);  // the tokens still bound it
     }
-    CHECK_THROWS_WITH(PieceScope(64, true, [] {}, std::chrono::milliseconds(-1)),
+    CHECK_THROWS_WITH(PieceScope(
+                          64, true, [] {}, std::chrono::milliseconds(-1)),
                       Catch::Contains("negative"));
 }
 
@@ -153,7 +156,8 @@ TEST_CASE("take_cache: the prompt decoded by the caller gives run_method's answe
     const PreparedRequest req = random_request(8, tm.w.config.n_vocab, 6, {40, 30, 50}, 8);
     using X = Config::Exchange;
     for (const auto& [method, emulate, exchange] :
-         {std::tuple{Config::Method::full, 1, X::kv}, std::tuple{Config::Method::infoflow, 1, X::kv},
+         {std::tuple{Config::Method::full, 1, X::kv},
+          std::tuple{Config::Method::infoflow, 1, X::kv},
           std::tuple{Config::Method::infoflow, 2, X::kv},
           std::tuple{Config::Method::infoflow, 2, X::compact_int4},
           std::tuple{Config::Method::epic, 1, X::kv}}) {

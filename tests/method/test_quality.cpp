@@ -453,7 +453,8 @@ TEST_CASE("sweep on virtual ranks: exact equals one rank, kv at ratio 1 equals f
     cfg.sweep.kinds = {"facts"};
     cfg.sweep.documents = 3;
     cfg.sweep.context_tokens = 150;
-    cfg.sweep.points = {"method.name=infoflow", "parallel.virtual_ranks=2; parallel.exchange=exact",
+    cfg.sweep.points = {"method.name=infoflow",
+                        "parallel.virtual_ranks=2; parallel.exchange=exact",
                         "parallel.virtual_ranks=3; parallel.exchange=kv; scoring.softmax=local",
                         "parallel.virtual_ranks=2; method.ratio=1.0",
                         "parallel.virtual_ranks=2; parallel.exchange=gather",
