@@ -553,7 +553,9 @@ def case_drain(a):
     srv = Server(a.bin, a.mpiexec, a.np, CONFIG, common_sets(
         a.np, "serve.max_batch=4", "serve.queue_size=8"))
     try:
-        ths, results = start_streams(srv, 7, 40)
+        # Streams long enough that the 4 running ones are still running when the metrics are
+        # polled, on a fast machine too.
+        ths, results = start_streams(srv, 7, 200)
         wait_for(lambda: running(srv) == 4 and srv.metrics()["infoflow_requests_waiting"] == 3,
                  120, "4 running and 3 waiting")
         srv.signal_rank0(signal.SIGTERM)
@@ -584,10 +586,11 @@ def case_kill(a):
     check(a.np == 2, "kill needs 2 ranks")
     timeout_s = 5
     srv = Server(a.bin, a.mpiexec, 2, CONFIG, common_sets(
-        2, f"parallel.timeout_s={timeout_s}", "serve.heartbeat_s=0.5", "serve.max_batch=4"),
-        mpi_flags=["--enable-recovery"])
+        2, f"parallel.timeout_s={timeout_s}", "serve.heartbeat_s=0.5", "serve.max_batch=4",
+        "serve.max_tokens=2048"), mpi_flags=["--enable-recovery"])
     try:
-        ths, results = start_streams(srv, 6, 300)
+        # Streams long enough to outlast the watchdog's timeout on a fast machine.
+        ths, results = start_streams(srv, 6, 2000)
         wait_for(lambda: srv.metrics()["infoflow_decode_steps_total"] > 5, 120, "the decode")
         os.kill(srv.pid_of_rank(1), signal.SIGKILL)
         t0 = time.monotonic()

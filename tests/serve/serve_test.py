@@ -594,8 +594,11 @@ def health_fails(srv):
 def kill_rank1(a, idle, recovery):
     timeout_s = 5
     flags = ["--enable-recovery"] if recovery else []
+    # The stream must outlast the job's end by far: Open MPI takes about 2 s to end it, and a
+    # fast machine decodes 200 tokens of the small model in less (one did, and the stream ended
+    # with [DONE] before the kill took effect).
     sets = common_sets(2) + [f"parallel.timeout_s={timeout_s}", "serve.heartbeat_s=0.5",
-                             "serve.max_tokens=256"]
+                             "serve.max_tokens=4096"]
     if recovery and not idle:
         # Every decode step is a collective with rank 1 (with "kv" rank 0 decodes alone and
         # notices the death when the decode ends).
@@ -609,7 +612,8 @@ def kill_rank1(a, idle, recovery):
             c = srv.conn(timeout=120)
             # With documents the request runs on both ranks (without, it would be `full` on
             # rank 0 alone).
-            body = dict(LONG, documents=["The dragon Ember lived in a cave above the valley."])
+            body = dict(LONG, max_tokens=4000,
+                        documents=["The dragon Ember lived in a cave above the valley."])
             c.request("POST", "/v1/chat/completions", body=json.dumps(body),
                       headers={"Content-Type": "application/json"})
             resp = c.getresponse()
