@@ -2,11 +2,15 @@
 // at a given thread count, warm-up then the median of N timed runs (nccl-tests style: a human
 // table, then one JSON line per measurement). With --decode CTX: decode throughput instead, the
 // median over runs of `--gen` single-token steps after a prefill of CTX tokens (each step: all
-// layers over the cache and the LM head, as a decoding user sees it).
+// layers over the cache and the LM head, as a decoding user sees it). With --batch B1,B2 as well:
+// batched decode steps (decode_batch, job serve's step) of B rows, each over its own copy of
+// the CTX-token cache, reported per step and per row beside the KV bytes a step reads, the
+// floor that memory bandwidth sets on a step of many long contexts.
 //
 // Usage: bench_prefill [--model PATH|random:smollm2-135m] [--lengths 512,2048,4096]
 //                      [--threads 1,2] [--runs 3] [--warmup 1] [--weights native|f32]
-//                      [--decode CTX [--gen 64]] [--kv-dtype f32|f16|bf16] [--no-ops]
+//                      [--decode CTX [--gen 64] [--batch 1,4,16]] [--kv-dtype f32|f16|bf16]
+//                      [--no-ops]
 // --kv-dtype: the KV cache's storage type (model.kv_dtype; f32 default, llama.cpp's default is
 // f16).
 #include <algorithm>
@@ -21,6 +25,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "runtime/core/error.h"
+#include "runtime/model/batch_decode.h"
 #include "runtime/model/model.h"
 #include "runtime/model/model_loader.h"
 
@@ -46,6 +51,96 @@ double median(std::vector<double> v) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// B caches, each a copy of one prefill of ctx random tokens (capacity ctx + gen).
+std::vector<KvCache> copies_of_prefill(Model& model, int ctx, int gen, int B,
+                                       std::vector<float>* logits) {
+    const ModelConfig& c = model.config();
+    std::mt19937 rng(1234);
+    std::vector<int32_t> tokens(ctx), pos(ctx);
+    for (int i = 0; i < ctx; ++i) {
+        tokens[i] = int32_t(rng() % uint32_t(c.n_vocab));
+        pos[i] = i;
+    }
+    std::vector<KvCache> caches;
+    caches.reserve(size_t(B));  // `first` stays where it is
+    caches.push_back(model.make_cache(ctx + gen));
+    *logits = model.forward(caches[0], tokens, pos);
+    const KvCache& first = caches[0];
+    std::vector<char> k(size_t(ctx) * first.row_bytes()), v(k.size());
+    for (int b = 1; b < B; ++b) {
+        caches.push_back(model.make_cache(ctx + gen));
+        caches.back().append(ctx, pos.data(), nullptr);
+        for (int l = 0; l < c.n_layer; ++l) {
+            first.read_range_raw(l, 0, ctx, k.data(), v.data());
+            caches.back().write_range_raw(l, 0, ctx, k.data(), v.data());
+        }
+    }
+    return caches;
+}
+
+// --decode CTX --batch ...: batched decode steps of B rows over their own CTX-token caches.
+int decode_batches(Model& model, int ctx, int gen, const std::vector<int>& batches,
+                   const std::vector<int>& threads, int warmup, int runs,
+                   const std::string& what) {
+    const ModelConfig& c = model.config();
+    IF_CHECK(ctx + gen <= c.n_ctx_train, "--decode + --gen exceed the positions");
+    const int b_max = *std::max_element(batches.begin(), batches.end());
+    std::vector<float> first_logits;
+    std::vector<KvCache> caches = copies_of_prefill(model, ctx, gen, b_max, &first_logits);
+    const double kv_bytes_row = double(c.n_layer) * 2.0 * caches[0].row_bytes();  // per token
+    struct Row {
+        int threads, batch;
+        double step_ms, lo, hi;
+    };
+    std::vector<Row> rows;
+    for (int t : threads) {
+        model.backend().set_threads(t);
+        for (int B : batches) {
+            std::vector<double> ms;
+            for (int r = 0; r < warmup + runs; ++r) {
+                for (int b = 0; b < B; ++b) caches[size_t(b)].truncate(ctx);
+                std::vector<DecodeRow> drows(static_cast<size_t>(B));
+                int32_t tok = argmax_of(first_logits);
+                const auto t0 = std::chrono::steady_clock::now();
+                for (int g = 0; g < gen; ++g) {
+                    for (int b = 0; b < B; ++b) {
+                        drows[size_t(b)] = {&caches[size_t(b)], tok, ctx + g, -1};
+                    }
+                    const std::vector<float> out = decode_batch(model, drows);
+                    tok = int32_t(std::max_element(out.begin(), out.begin() + c.n_vocab) -
+                                  out.begin());
+                }
+                const double s =
+                    std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                              t0)
+                        .count();
+                if (r >= warmup) ms.push_back(s / gen);
+            }
+            rows.push_back({t, B, median(ms), *std::min_element(ms.begin(), ms.end()),
+                            *std::max_element(ms.begin(), ms.end())});
+            std::fprintf(stderr, "  batch=%d threads=%d: %.2f ms/step\n", B, t, rows.back().step_ms);
+        }
+    }
+    std::printf("CPU batched decode steps, %s, %d steps over caches of %d tokens\n", what.c_str(),
+                gen, ctx);
+    std::printf("%8s %6s %12s %10s %10s %12s %14s\n", "threads", "batch", "ms/step", "min", "max",
+                "ms/row", "KV GB/s read");
+    for (const Row& r : rows) {
+        const double gbs = r.batch * kv_bytes_row * (ctx + gen / 2.0) / (r.step_ms * 1e6);
+        std::printf("%8d %6d %12.2f %10.2f %10.2f %12.2f %14.1f\n", r.threads, r.batch, r.step_ms,
+                    r.lo, r.hi, r.step_ms / r.batch, gbs);
+    }
+    for (const Row& r : rows) {
+        std::printf(
+            "{\"bench\":\"decode_batch\",\"context\":%d,\"gen\":%d,\"threads\":%d,"
+            "\"batch\":%d,\"runs\":%d,\"step_ms\":%.3f,\"min\":%.3f,\"max\":%.3f,"
+            "\"kv_bytes_per_step\":%.0f}\n",
+            ctx, gen, r.threads, r.batch, runs, r.step_ms, r.lo, r.hi,
+            r.batch * kv_bytes_row * (ctx + gen / 2.0));
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,6 +150,7 @@ int main(int argc, char** argv) {
     int runs = 3, warmup = 1;
     std::string weights_mode = "native";
     int decode_ctx = 0, gen = 64;
+    std::vector<int> batches;
     std::string kv_name = "f32";
     bool ops = true;
     for (int i = 1; i < argc; ++i) {
@@ -82,6 +178,8 @@ int main(int argc, char** argv) {
             decode_ctx = std::stoi(next());
         else if (a == "--gen")
             gen = std::stoi(next());
+        else if (a == "--batch")
+            batches = parse_list(next());
         else if (a == "--kv-dtype")
             kv_name = next();
         else if (a == "--no-ops")
@@ -90,7 +188,7 @@ int main(int argc, char** argv) {
             std::fprintf(stderr,
                          "usage: bench_prefill [--model PATH] [--lengths a,b] "
                          "[--threads a,b] [--runs N] [--warmup N] [--weights native|f32] "
-                         "[--decode CTX [--gen N]] [--kv-dtype f32|f16|bf16] [--no-ops]\n");
+                         "[--decode CTX [--gen N] [--batch a,b]] [--kv-dtype f32|f16|bf16] [--no-ops]\n");
             return 2;
         }
     }
@@ -112,6 +210,11 @@ int main(int argc, char** argv) {
         Model model(*backend, weights);
         model.set_kv_dtype(kv);
         std::mt19937 rng(1234);
+        if (decode_ctx > 0 && !batches.empty()) {
+            return decode_batches(model, decode_ctx, gen, batches, threads, warmup, runs,
+                                  model_path + " (" + wlabel + " weights, " + kv_name +
+                                      " KV cache, cpu " + isa + ")");
+        }
         if (decode_ctx > 0) {
             IF_CHECK(decode_ctx + gen <= c.n_ctx_train, "--decode + --gen exceed the positions");
             std::vector<int32_t> tokens(decode_ctx), pos(decode_ctx);
