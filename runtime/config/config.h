@@ -270,7 +270,7 @@ struct Config {
         int prefill_chunk = 64;
         // The most milliseconds of context work between two decode steps while requests
         // decode (0: only prefill_chunk bounds it).
-        double prefill_slice_ms = 20.0;
+        double prefill_slice_ms = 5.0;
         int kv_budget_mb = 4096;
         int max_body_bytes = 8 << 20;    // request body limit (413 beyond)
         int max_tokens = 1024;           // cap on a request's max_tokens (400 beyond)

@@ -211,6 +211,9 @@ void assemble(Model& model, const std::vector<ChunkKv>& chunks, std::vector<Chun
             return_free_memory();  // now, not after the loop: the peak is what this saves
         }
         at += n;
+        // A point where job serve may run a decode step (its time slice; no tokens of layer
+        // work): the copy of a long context is otherwise one piece of tens of milliseconds.
+        piece_done(0.0);
     }
 }
 

@@ -17,6 +17,7 @@
 #include "runtime/core/fs.h"
 #include "runtime/core/pieces.h"
 #include "runtime/jobs/serve_request.h"
+#include "runtime/method/chunk_kv.h"
 #include "runtime/method/phases.h"
 #include "runtime/model/batch_decode.h"
 #include "tests/method/method_fixture.h"
@@ -30,7 +31,7 @@ namespace {
 struct Bystanders {
     explicit Bystanders(Model& m) : model(m) {
         for (int i = 0; i < 2; ++i) {
-            caches.push_back(std::make_unique<KvCache>(m.make_cache(400)));
+            caches.push_back(std::make_unique<KvCache>(m.make_cache(2000)));
             std::vector<int32_t> toks(size_t(20 + 7 * i)), pos(toks.size());
             for (size_t t = 0; t < toks.size(); ++t) toks[t] = int32_t(100 + 13 * t + i);
             std::iota(pos.begin(), pos.end(), 0);
@@ -117,6 +118,7 @@ TEST_CASE("pieces: a request in pieces with decode steps between them gives the 
         cfg.method.ratio = 0.2;
         cfg.decode.max_new_tokens = 6;
         const MethodResult whole = run_method(m, req, cfg, {});
+        int token_steps = 0;
         {
             INFO(to_string(method) << ", pieces of " << piece << " rows");
             Bystanders others(m);
@@ -127,8 +129,64 @@ TEST_CASE("pieces: a request in pieces with decode steps between them gives the 
             }
             check_same(whole, cut);
             CHECK(others.steps >= 380 / piece);  // the work was interleaved
+            token_steps = others.steps;
+        }
+        {
+            // A time slice of 1 ns: a decode step at every point the work reports, the context
+            // assembly's between chunks included.
+            INFO(to_string(method) << ", pieces of " << piece << " rows, a step at every point");
+            Bystanders others(m);
+            MethodResult cut;
+            {
+                const PieceScope scope(
+                    piece, true, [&] { others.step(); }, std::chrono::nanoseconds(1));
+                cut = run_method(m, req, cfg, {});
+            }
+            check_same(whole, cut);
+            // `full` reports a piece of rows through every layer; the others each layer too.
+            if (method == Config::Method::full) {
+                CHECK(others.steps >= token_steps);
+            } else {
+                CHECK(others.steps >= token_steps + m.config().n_layer);
+            }
         }
     }
+}
+
+TEST_CASE("pieces: the context assembly is a point between chunks for the time slice",
+          "[pieces]") {
+    TinyModel tm;
+    const PreparedRequest req = random_request(9, tm.w.config.n_vocab, 6, {40, 30, 50}, 8);
+    const std::vector<ChunkKv> chunks = prefill_chunks(*tm.m, req.chunks, req.sink_id);
+    std::vector<int32_t> gpos;
+    for (const ChunkKv& c : chunks) {
+        for (int t = 0; t < c.size(); ++t) gpos.push_back(int32_t(gpos.size()));
+    }
+    const std::vector<int> order = {0, 1, 2, 3};
+    KvCache whole = tm.m->make_cache(int(gpos.size()));
+    assemble_cache(*tm.m, chunks, order, gpos, nullptr, whole);
+    int calls = 0;
+    KvCache cut = tm.m->make_cache(int(gpos.size()));
+    {
+        // No tokens of work reported: only the time slice (1 ns: every point) runs the callback.
+        const PieceScope scope(
+            1000000, true, [&] { ++calls; }, std::chrono::nanoseconds(1));
+        assemble_cache(*tm.m, chunks, order, gpos, nullptr, cut);
+    }
+    CHECK(calls == 4);  // after each chunk
+    std::vector<float> a(size_t(gpos.size()) * whole.row()), b(a.size());
+    for (int l = 0; l < tm.w.config.n_layer; ++l) {
+        whole.read_range(l, 0, int(gpos.size()), a.data(), nullptr);
+        cut.read_range(l, 0, int(gpos.size()), b.data(), nullptr);
+        CHECK(a == b);
+    }
+    int none = 0;
+    {
+        const PieceScope tokens_only(1000000, true, [&] { ++none; });
+        KvCache again = tm.m->make_cache(int(gpos.size()));
+        assemble_cache(*tm.m, chunks, order, gpos, nullptr, again);
+    }
+    CHECK(none == 0);  // without a time slice the copy reports no work
 }
 
 TEST_CASE("pieces: fp32 weights keep forwards whole, the bits hold", "[pieces]") {
