@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -140,6 +141,35 @@ int connection_socket(const httplib::Request& req) {
             found = fd;
             break;
         }
+    }
+    ::closedir(d);
+    return found;
+}
+
+// The library (compiled: its CPPHTTPLIB_LISTEN_BACKLOG is fixed at 5) listens with room for 5
+// connections not yet accepted; a burst of clients connecting at once (16 in the load
+// benchmark) overflowed it, and an overflowed handshake can end in a reset. listen() again on
+// the bound socket widens the queue (the kernel caps it at net.core.somaxconn). Returns whether
+// this process's listening socket on `port` was found.
+bool widen_listen_backlog(int port, int backlog) {
+    DIR* d = ::opendir("/proc/self/fd");
+    if (d == nullptr) return false;
+    bool found = false;
+    while (const dirent* e = ::readdir(d)) {
+        const int fd = std::atoi(e->d_name);
+        struct stat st {};
+        if (fd <= 2 || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+        int listening = 0;
+        socklen_t len = sizeof listening;
+        sockaddr_storage local{};
+        socklen_t ln = sizeof local;
+        if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ln) != 0 ||
+            port_of(local) != port) {
+            continue;
+        }
+        found = ::listen(fd, backlog) == 0;
+        break;
     }
     ::closedir(d);
     return found;
@@ -429,6 +459,10 @@ int HttpFrontend::start() {
                                             << ": cannot listen there (in use, or not an address "
                                                "of this machine): "
                                             << std::strerror(errno));
+    }
+    if (!widen_listen_backlog(port, 1024)) {
+        std::fprintf(stderr, "[serve] warning: the listening socket's queue stays at the HTTP "
+                             "library's 5 connections\n");
     }
     m.thread = std::thread([&m] { m.svr.listen_after_bind(); });
     return port;
