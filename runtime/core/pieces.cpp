@@ -34,7 +34,8 @@ PieceScope::~PieceScope() { current_scope() = outer_; }
 
 void piece_done(double work) {
     PieceScope* s = current_scope();
-    if (s == nullptr || s->running_) return;  // no scope, or work inside the callback itself
+    // No scope, work inside the callback itself, or no one waiting for it.
+    if (s == nullptr || s->running_ || s->paused_) return;
     s->done_ += work;
     const bool timed_out =
         s->slice_.count() > 0 && std::chrono::steady_clock::now() - s->since_ >= s->slice_;
@@ -53,7 +54,7 @@ void piece_done(double work) {
 
 int piece_rows() {
     const PieceScope* s = current_scope();
-    return s == nullptr || !s->split_rows_ ? INT_MAX : s->piece_tokens_;
+    return s == nullptr || !s->split_rows_ || s->paused_ ? INT_MAX : s->piece_tokens_;
 }
 
 std::vector<std::pair<int, int>> piece_ranges(int n) {

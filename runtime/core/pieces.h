@@ -42,6 +42,13 @@ class PieceScope {
         done_ = 0.0;
         since_ = std::chrono::steady_clock::now();
     }
+    // While paused -- nothing waits for the callback (job serve with no request decoding) -- the
+    // work runs as outside a scope: no callback, forwards whole (the same bits either way).
+    void pause(bool paused) {
+        if (paused_ && !paused) restart();
+        paused_ = paused;
+    }
+    bool paused() const { return paused_; }
 
   private:
     PieceScope* outer_;
@@ -54,6 +61,7 @@ class PieceScope {
     double done_ = 0.0;
     std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
     bool running_ = false;
+    bool paused_ = false;
 };
 
 // After a piece of `work` tokens (see above).

@@ -244,6 +244,7 @@ MethodResult ServeEngine::run_pipeline(Running& run) {
         };
     }
     in_context_work_ = true;
+    pause_pieces_if_idle();
     MethodResult r = answer_request(plan.cfg, s, plan.prepared, hooks);
     in_context_work_ = false;
     return r;
@@ -278,9 +279,16 @@ void ServeEngine::drop_leavers() {
     batch_ = std::move(staying);
 }
 
+void ServeEngine::pause_pieces_if_idle() {
+    if (pieces_) pieces_->pause(batch_.empty());
+}
+
 void ServeEngine::decode_step() {
     drop_leavers();  // a client that went away frees its slot before the step
-    if (batch_.empty()) return;
+    if (batch_.empty()) {
+        pause_pieces_if_idle();
+        return;
+    }
     std::vector<DecodeRow> rows;
     for (const auto& run : batch_) {
         rows.push_back({run->cache.get(), run->gen->token(), run->gen->pos(), run->group});
@@ -303,6 +311,8 @@ void ServeEngine::decode_step() {
         }
     }
     batch_ = std::move(going_on);
+    // The last stream ended: the context work in hand goes on uncut, as a request alone's.
+    pause_pieces_if_idle();
 }
 
 void ServeEngine::finish(Running& run) {
@@ -412,6 +422,7 @@ void ServeEngine::run_documents(DocumentsTask& t) {
     StoreBuild built;
     try {
         in_context_work_ = true;
+        pause_pieces_if_idle();
         std::unique_ptr<KvStore> store =
             open_store_for(*s.model, t.plan.prepared.tokenizer_hash, t.plan.cfg, true);
         built = build_store_chunks(s, t.plan.cfg, t.plan.prepared, *store);

@@ -43,6 +43,8 @@ class ServeEngine {
     void start_decode(std::unique_ptr<Running> run);
     void run_documents(DocumentsTask& t);
     void decode_step();
+    // Pieces are cut only while requests decode (nothing else waits for the steps).
+    void pause_pieces_if_idle();
     void drop_leavers();
     void finish(Running& run);
     void respond(Running& run);

@@ -99,6 +99,22 @@ TEST_CASE("pieces: a time slice runs the callback before the tokens are done", "
                       Catch::Contains("negative"));
 }
 
+TEST_CASE("pieces: a paused scope cuts nothing and calls nothing", "[pieces]") {
+    int calls = 0;
+    PieceScope scope(
+        64, true, [&] { ++calls; }, std::chrono::nanoseconds(1));
+    CHECK(piece_rows() == 64);
+    scope.pause(true);
+    CHECK(piece_rows() > 1000000);  // forwards whole
+    CHECK(piece_ranges(300).size() == 1);
+    piece_done(1000.0);
+    CHECK(calls == 0);
+    scope.pause(false);
+    CHECK(piece_rows() == 64);
+    piece_done(1.0);
+    CHECK(calls == 1);  // the slice (1 ns) passed
+}
+
 TEST_CASE("pieces: a request in pieces with decode steps between them gives the same bits",
           "[pieces][real]") {
     REQUIRE(file_exists(INFOFLOW_MODEL_PATH));
