@@ -201,7 +201,7 @@ allow_unauthenticated = true
 queue_size = 4
 max_batch = 3
 prefill_chunk = 128
-prefill_slice_ms = 5.0
+prefill_slice_ms = 12.5
 kv_budget_mb = 100
 max_body_bytes = 4096
 max_tokens = 64
@@ -371,7 +371,7 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.serve.queue_size == 4);
     CHECK(c.serve.max_batch == 3);
     CHECK(c.serve.prefill_chunk == 128);
-    CHECK(c.serve.prefill_slice_ms == 5.0);
+    CHECK(c.serve.prefill_slice_ms == 12.5);
     CHECK(c.serve.kv_budget_mb == 100);
     CHECK(c.output.path == "out/r.json");
     CHECK(c.output.csv == "out/r.csv");
