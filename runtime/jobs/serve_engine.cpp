@@ -135,14 +135,13 @@ json ServeEngine::run() {
             if (drain_requested() && !draining_) begin_drain();
             if (draining_ && batch_.empty()) break;
             std::shared_ptr<serve::Task> t;
-            const bool idle_wait = batch_.empty() && !draining_;
-            if (!draining_) t = st_.sched.admit(idle_wait ? idle : std::chrono::milliseconds(0));
+            if (!draining_)
+                t = st_.sched.admit(batch_.empty() ? idle : std::chrono::milliseconds(0));
             if (t) {
                 handle(t);
             } else {
                 decode_step();
             }
-            trim_if_due(idle_wait && !t);  // idle: nothing arrived for a whole wait
             heartbeat_if_due();
         }
         pieces_.reset();
@@ -152,17 +151,6 @@ json ServeEngine::run() {
     std::printf("serve      : stopped after %llu requests\n", (unsigned long long)served_);
     std::fflush(stdout);
     return json{{"job", "serve"}, {"requests", served_}, {"port", st_.port}};
-}
-
-void ServeEngine::trim_if_due(bool idle_wait) {
-    // The freed pages back to the system when nothing arrived for a whole idle wait, and under
-    // load at most every 2 s (the resident memory stays flat; one request in that many pays
-    // for the pages it touches again).
-    const auto now = Clock::now();
-    if (!trim_pending_ || (!idle_wait && now - last_trim_ < std::chrono::seconds(2))) return;
-    return_free_memory();
-    trim_pending_ = false;
-    last_trim_ = now;
 }
 
 void ServeEngine::begin_drain() {
@@ -343,10 +331,7 @@ void ServeEngine::finish(Running& run) {
         }
     }
     run.cache.reset();
-    // The freed pages go back to the system once the worker is idle (run()), not now: under
-    // load the next request reuses them (trimmed after every request, its store load and
-    // context assembly page-faulted in ~70 MB again: +50 ms at 1 client).
-    trim_pending_ = true;
+    return_free_memory();  // the cache's pages back to the system: the server's RSS stays flat
     st_.sched.release(run.task);
     ++served_;
     st_.queue.record_service_time(seconds(Clock::now() - run.admitted));

@@ -53,15 +53,12 @@ class ServeEngine {
     void command(int64_t c, std::vector<uint8_t> payload);
     void heartbeat_if_due();
     void begin_drain();
-    void trim_if_due(bool idle_wait);
 
     ServeState& st_;
     std::unique_ptr<PieceScope> pieces_;  // while serving: context work between decode steps
     std::vector<std::unique_ptr<Running>>
         batch_;                     // requests decoding on rank 0, in admission order
     bool in_context_work_ = false;  // a request's pipeline is running
-    bool trim_pending_ = false;     // pages freed since the last return_free_memory()
-    serve::Clock::time_point last_trim_;
     std::deque<serve::Clock::time_point> step_starts_;  // of the last decode steps
     bool draining_ = false;
     uint64_t served_ = 0;
