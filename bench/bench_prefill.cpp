@@ -141,6 +141,61 @@ int decode_batches(Model& model, int ctx, int gen, const std::vector<int>& batch
     return 0;
 }
 
+// --decode CTX (no --batch): single-token decode steps after a prefill of CTX tokens.
+int decode_single(Model& model, int decode_ctx, int gen, const std::vector<int>& threads,
+                  int warmup, int runs, const std::string& model_path, const std::string& wlabel,
+                  const std::string& kv_name, const std::string& isa) {
+    const ModelConfig& c = model.config();
+    std::mt19937 rng(1234);
+    IF_CHECK(decode_ctx + gen <= c.n_ctx_train, "--decode + --gen exceed the positions");
+    std::vector<int32_t> tokens(decode_ctx), pos(decode_ctx);
+    for (int i = 0; i < decode_ctx; ++i) {
+        tokens[i] = int32_t(rng() % uint32_t(c.n_vocab));
+        pos[i] = i;
+    }
+    struct DRow {
+        int threads;
+        double med, lo, hi;
+    };
+    std::vector<DRow> drows;
+    for (int t : threads) {
+        model.backend().set_threads(t);
+        std::vector<double> rates;
+        for (int r = 0; r < warmup + runs; ++r) {
+            KvCache cache = model.make_cache(decode_ctx + gen);
+            std::vector<float> logits = model.forward(cache, tokens, pos);
+            const auto t0 = std::chrono::steady_clock::now();
+            const Model::DecodeScope decoding(model);  // the runtime's decode kernels
+            for (int g = 0; g < gen; ++g) {
+                const int32_t next_tok = argmax_of(logits);
+                logits = model.forward(cache, {next_tok}, {decode_ctx + g});
+            }
+            const double s =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                    .count();
+            if (r >= warmup) rates.push_back(gen / s);
+        }
+        drows.push_back({t, median(rates), *std::min_element(rates.begin(), rates.end()),
+                         *std::max_element(rates.begin(), rates.end())});
+        std::fprintf(stderr, "  decode threads=%d: %.1f tokens/s\n", t, drows.back().med);
+    }
+    std::printf(
+        "CPU decode throughput, %s (%s weights, %s KV cache, cpu %s), %d steps after %d "
+        "context tokens\n",
+        model_path.c_str(), wlabel.c_str(), kv_name.c_str(), isa.c_str(), gen, decode_ctx);
+    std::printf("%8s %12s %12s %12s\n", "threads", "tokens/s", "min", "max");
+    for (const DRow& r : drows)
+        std::printf("%8d %12.1f %12.1f %12.1f\n", r.threads, r.med, r.lo, r.hi);
+    for (const DRow& r : drows) {
+        std::printf(
+            "{\"bench\":\"decode\",\"model\":\"%s\",\"weights\":\"%s\",\"kv_dtype\":\"%s\","
+            "\"isa\":\"%s\",\"context\":%d,\"gen\":%d,\"threads\":%d,\"runs\":%d,"
+            "\"tokens_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f}\n",
+            model_path.c_str(), wlabel.c_str(), kv_name.c_str(), isa.c_str(), decode_ctx,
+            gen, r.threads, runs, r.med, r.lo, r.hi);
+    }
+    return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,54 +271,8 @@ int main(int argc, char** argv) {
                                       " KV cache, cpu " + isa + ")");
         }
         if (decode_ctx > 0) {
-            IF_CHECK(decode_ctx + gen <= c.n_ctx_train, "--decode + --gen exceed the positions");
-            std::vector<int32_t> tokens(decode_ctx), pos(decode_ctx);
-            for (int i = 0; i < decode_ctx; ++i) {
-                tokens[i] = int32_t(rng() % uint32_t(c.n_vocab));
-                pos[i] = i;
-            }
-            struct DRow {
-                int threads;
-                double med, lo, hi;
-            };
-            std::vector<DRow> drows;
-            for (int t : threads) {
-                backend->set_threads(t);
-                std::vector<double> rates;
-                for (int r = 0; r < warmup + runs; ++r) {
-                    KvCache cache = model.make_cache(decode_ctx + gen);
-                    std::vector<float> logits = model.forward(cache, tokens, pos);
-                    const auto t0 = std::chrono::steady_clock::now();
-                    const Model::DecodeScope decoding(model);  // the runtime's decode kernels
-                    for (int g = 0; g < gen; ++g) {
-                        const int32_t next_tok = argmax_of(logits);
-                        logits = model.forward(cache, {next_tok}, {decode_ctx + g});
-                    }
-                    const double s =
-                        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-                            .count();
-                    if (r >= warmup) rates.push_back(gen / s);
-                }
-                drows.push_back({t, median(rates), *std::min_element(rates.begin(), rates.end()),
-                                 *std::max_element(rates.begin(), rates.end())});
-                std::fprintf(stderr, "  decode threads=%d: %.1f tokens/s\n", t, drows.back().med);
-            }
-            std::printf(
-                "CPU decode throughput, %s (%s weights, %s KV cache, cpu %s), %d steps after %d "
-                "context tokens\n",
-                model_path.c_str(), wlabel.c_str(), kv_name.c_str(), isa.c_str(), gen, decode_ctx);
-            std::printf("%8s %12s %12s %12s\n", "threads", "tokens/s", "min", "max");
-            for (const DRow& r : drows)
-                std::printf("%8d %12.1f %12.1f %12.1f\n", r.threads, r.med, r.lo, r.hi);
-            for (const DRow& r : drows) {
-                std::printf(
-                    "{\"bench\":\"decode\",\"model\":\"%s\",\"weights\":\"%s\",\"kv_dtype\":\"%s\","
-                    "\"isa\":\"%s\",\"context\":%d,\"gen\":%d,\"threads\":%d,\"runs\":%d,"
-                    "\"tokens_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f}\n",
-                    model_path.c_str(), wlabel.c_str(), kv_name.c_str(), isa.c_str(), decode_ctx,
-                    gen, r.threads, runs, r.med, r.lo, r.hi);
-            }
-            return 0;
+            return decode_single(model, decode_ctx, gen, threads, warmup, runs, model_path, wlabel,
+                                 kv_name, isa);
         }
         struct Row {
             int n, threads;

@@ -120,9 +120,10 @@ std::string address_of(const sockaddr_storage& a) {
     return ::inet_ntop(a.ss_family, src, buf, sizeof buf) ? std::string(buf) : std::string();
 }
 
-// The connection a request came on, as this process's socket: found by its two ends (the
-// library does not hand handlers the socket). -1 when none matches.
-int connection_socket(const httplib::Request& req) {
+// The first of this process's sockets for which `pick(fd)` holds, or -1 (the library hands
+// handlers no socket, and keeps its listening one to itself).
+template <class Pick>
+int find_socket(Pick pick) {
     DIR* d = ::opendir("/proc/self/fd");
     if (d == nullptr) return -1;
     int found = -1;
@@ -130,14 +131,7 @@ int connection_socket(const httplib::Request& req) {
         const int fd = std::atoi(e->d_name);
         struct stat st {};
         if (fd <= 2 || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-        sockaddr_storage local{}, peer{};
-        socklen_t ln = sizeof local, pn = sizeof peer;
-        if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ln) != 0 ||
-            ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pn) != 0) {
-            continue;
-        }
-        if (port_of(local) == req.local_port && port_of(peer) == req.remote_port &&
-            address_of(peer) == req.remote_addr) {
+        if (pick(fd)) {
             found = fd;
             break;
         }
@@ -146,33 +140,35 @@ int connection_socket(const httplib::Request& req) {
     return found;
 }
 
+// The connection a request came on, as this process's socket: found by its two ends. -1 when
+// none matches.
+int connection_socket(const httplib::Request& req) {
+    return find_socket([&req](int fd) {
+        sockaddr_storage local{}, peer{};
+        socklen_t ln = sizeof local, pn = sizeof peer;
+        return ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ln) == 0 &&
+               ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pn) == 0 &&
+               port_of(local) == req.local_port && port_of(peer) == req.remote_port &&
+               address_of(peer) == req.remote_addr;
+    });
+}
+
 // The library (compiled: its CPPHTTPLIB_LISTEN_BACKLOG is fixed at 5) listens with room for 5
 // connections not yet accepted; a burst of clients connecting at once (16 in the load
 // benchmark) overflowed it, and an overflowed handshake can end in a reset. listen() again on
 // the bound socket widens the queue (the kernel caps it at net.core.somaxconn). Returns whether
 // this process's listening socket on `port` was found.
 bool widen_listen_backlog(int port, int backlog) {
-    DIR* d = ::opendir("/proc/self/fd");
-    if (d == nullptr) return false;
-    bool found = false;
-    while (const dirent* e = ::readdir(d)) {
-        const int fd = std::atoi(e->d_name);
-        struct stat st {};
-        if (fd <= 2 || ::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    const int fd = find_socket([port](int fd) {
         int listening = 0;
         socklen_t len = sizeof listening;
         sockaddr_storage local{};
         socklen_t ln = sizeof local;
-        if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening ||
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ln) != 0 ||
-            port_of(local) != port) {
-            continue;
-        }
-        found = ::listen(fd, backlog) == 0;
-        break;
-    }
-    ::closedir(d);
-    return found;
+        return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening &&
+               ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ln) == 0 &&
+               port_of(local) == port;
+    });
+    return fd >= 0 && ::listen(fd, backlog) == 0;
 }
 
 // Whether the client closed its end (or the connection broke): an orderly close reads as EOF.
