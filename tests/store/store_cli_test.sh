@@ -171,7 +171,13 @@ PY
         n_done=$(ls "$store.d" 2>/dev/null | grep -c '^[0-9a-f]*\.h5$')
         t=$(ls -a "$store.d" 2>/dev/null | grep '\.tmp\.' | head -n 1)
         if [ "$n_done" -ge 1 ] && [ -n "$t" ] && [ "$(stat -c %s "$store.d/$t" 2>/dev/null || echo 0)" -gt 100000 ]; then
-            kill -9 "$pid"; caught="$t"; break
+            # Stop the writer first, then look again: on a fast machine the write can finish
+            # between the look and the signal. If it did, let it go on to the next document.
+            kill -STOP "$pid"
+            if [ -e "$store.d/$t" ]; then
+                kill -9 "$pid"; caught="$t"; break
+            fi
+            kill -CONT "$pid"
         fi
         sleep 0.01
     done
