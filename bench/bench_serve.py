@@ -236,6 +236,8 @@ def start_ours(a, tmp, build, name, max_clients):
             args += ["--set", f"serve.prefill_chunk={a.prefill_chunk}"]
         if a.prefill_slice_ms is not None:
             args += ["--set", f"serve.prefill_slice_ms={a.prefill_slice_ms}"]
+        for kv in a.set:
+            args += ["--set", kv]
     if a.ranks > 1:
         args = ["mpirun", "-n", str(a.ranks), "--oversubscribe", "--bind-to", "none"] + args
     log_f = open(os.path.join(tmp, f"{name}.log"), "w")
@@ -511,6 +513,9 @@ def parse_args():
     ap.add_argument("--prefill-slice-ms", type=float, default=None,
                     help="ours: serve.prefill_slice_ms (default: the config's): the most "
                          "milliseconds of context work between two decode steps")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="ours: one more config setting (repeatable), e.g. "
+                         "serve.buffer_pool_mb=0; the baseline build does not get it")
     ap.add_argument("--variants", type=lambda s: [v.strip() for v in s.split(",") if v.strip()],
                     default=[],
                     help="run only these variants (comma-separated names as in the table, e.g. "

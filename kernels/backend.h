@@ -161,6 +161,14 @@ struct NativeMatrix {
     NativePass pass = NativePass::exact;
 };
 
+// The pool of freed buffers (Backend::set_buffer_pool): its limit, the bytes it holds, and how
+// many allocations it has served.
+struct BufferPoolStats {
+    size_t limit = 0;
+    size_t held = 0;
+    uint64_t reused = 0;
+};
+
 class Backend {
   public:
     virtual ~Backend() = default;
@@ -179,6 +187,12 @@ class Backend {
     virtual Buffer alloc(size_t bytes) = 0;
     Buffer alloc_floats(size_t n) { return alloc(n * sizeof(float)); }
     virtual void release(void* ptr) = 0;  // called by Buffer
+    // Freed buffers kept for reuse, up to `bytes` (CPU: kernels/cpu/buffer_pool.h; job serve);
+    // 0 = none (the default). A backend without a pool ignores it.
+    virtual void set_buffer_pool(size_t bytes) { (void)bytes; }
+    // Frees the pooled buffers unused for `seconds`.
+    virtual void release_idle_buffers(double seconds) { (void)seconds; }
+    virtual BufferPoolStats buffer_pool() const { return {}; }
     virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
     virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
     // Within the backend (a device backend also accepts host pointers on either side).

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/attention_cpu.h"
+#include "kernels/cpu/buffer_pool.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/cpu_math.h"
 #include "kernels/cpu/gemm_exact.h"
@@ -53,12 +55,19 @@ class CpuBackend final : public Backend {
 
     Buffer alloc(size_t bytes) override {
         if (bytes == 0) return Buffer();
-        const size_t rounded = (bytes + 63) / 64 * 64;
-        void* p = std::aligned_alloc(64, rounded);
+        void* p = pool_.take(bytes);
         IF_CHECK(p != nullptr, "CPU allocation of " << bytes << " bytes failed");
         return Buffer(this, p, bytes);
     }
-    void release(void* ptr) override { std::free(ptr); }
+    void release(void* ptr) override { pool_.give(ptr); }
+    void set_buffer_pool(size_t bytes) override { pool_.set_limit(bytes); }
+    void release_idle_buffers(double seconds) override {
+        pool_.release_idle(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(seconds)));
+    }
+    BufferPoolStats buffer_pool() const override {
+        return {pool_.limit(), pool_.held_bytes(), pool_.reused()};
+    }
     void upload(void* dst, const void* src, size_t bytes) override {
         if (bytes) std::memcpy(dst, src, bytes);
     }
@@ -228,6 +237,7 @@ class CpuBackend final : public Backend {
     }
 
     int n_threads_ = 1;
+    cpu::BufferPool pool_;
     std::vector<int32_t> rope_pos_;
     std::vector<float> rope_inv_;
     std::vector<float> rope_tab_;

@@ -272,6 +272,8 @@ struct Config {
         // decode (0: only prefill_chunk bounds it).
         double prefill_slice_ms = 5.0;
         int kv_budget_mb = 4096;
+        // MiB of freed buffers each rank keeps for the next request (kernels/cpu/buffer_pool.h).
+        int buffer_pool_mb = 256;
         int max_body_bytes = 8 << 20;    // request body limit (413 beyond)
         int max_tokens = 1024;           // cap on a request's max_tokens (400 beyond)
         double request_timeout_s = 300;  // arrival to last token (504 beyond)

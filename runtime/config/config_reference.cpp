@@ -387,6 +387,11 @@ const std::map<std::string, std::string>& descriptions() {
          "MiB of KV cache all running requests may hold together (rank 0's caches, a prefill "
          "counted at its peak); a request waits until its share fits, one that could never fit "
          "is refused (400)"},
+        {"serve.buffer_pool_mb",
+         "MiB of freed CPU buffers each rank keeps for the next request (the stored documents' "
+         "K/V, the KV cache, scratch), so it need not page-fault them in again after the memory "
+         "freed by the last one went back to the system; the resident memory beyond what is in "
+         "use stays under it; 0 = keep none (docs/serve.md \"Memory\")"},
         {"serve.max_body_bytes", "largest request body in bytes (413 beyond)"},
         {"serve.max_tokens",
          "largest `max_tokens` / `max_completion_tokens` a request may ask for (400 beyond); "

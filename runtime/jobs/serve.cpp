@@ -34,6 +34,8 @@ nlohmann::json run_serve(const Config& cfg, Communicator& comm) {
     if (comm.rank() == 0) api.listen();
     std::unique_ptr<Session> s = open_job_session(cfg, comm);
     st.s = s.get();
+    // Freed buffers kept for the next request (docs/serve.md "Memory"), on every rank.
+    s->model->backend().set_buffer_pool(size_t(cfg.serve.buffer_pool_mb) << 20);
     if (comm.rank() == 0) api.set_session();
     api.check_store();
     // Many requests print one line each; the per-phase progress lines would drown them.

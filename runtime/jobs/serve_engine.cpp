@@ -331,7 +331,12 @@ void ServeEngine::finish(Running& run) {
         }
     }
     run.cache.reset();
-    return_free_memory();  // the cache's pages back to the system: the server's RSS stays flat
+    // The pages of freed memory back to the system, so the server's RSS stays flat; the pool
+    // (serve.buffer_pool_mb) keeps what the next request reuses.
+    st_.s->model->backend().release_idle_buffers(k_pool_idle_s);
+    return_free_memory();
+    const BufferPoolStats pool = st_.s->model->backend().buffer_pool();
+    st_.metrics.set_buffer_pool(pool.held, pool.limit, pool.reused);
     st_.sched.release(run.task);
     ++served_;
     st_.queue.record_service_time(seconds(Clock::now() - run.admitted));

@@ -83,6 +83,7 @@ void follow_commands(Session& s, Communicator& comm) {
                 open_store_for(*s.model, req.tokenizer_hash, cfg, true);
             build_store_chunks(s, cfg, req, *store);
         }
+        s.model->backend().release_idle_buffers(k_pool_idle_s);
     }
 }
 

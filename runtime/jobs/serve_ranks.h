@@ -42,4 +42,8 @@ std::vector<uint8_t> broadcast_payload(Communicator& comm, std::vector<uint8_t> 
 // Ranks > 0: run every request rank 0 commands, until it commands the shutdown.
 void follow_commands(Session& s, Communicator& comm);
 
+// Pooled buffers (serve.buffer_pool_mb) unused this long are freed after a request, on every
+// rank: the pool follows the sizes of the recent requests.
+constexpr double k_pool_idle_s = 2.0;
+
 }  // namespace infoflow

@@ -123,6 +123,13 @@ void Metrics::set_kv(uint64_t in_use_bytes, uint64_t limit_bytes) {
     kv_limit_ = limit_bytes;
 }
 
+void Metrics::set_buffer_pool(uint64_t held_bytes, uint64_t limit_bytes, uint64_t reused) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pool_held_ = held_bytes;
+    pool_limit_ = limit_bytes;
+    pool_reused_ = reused;
+}
+
 void Metrics::observe_decode_step(double s, int rows, bool in_prefill) {
     std::lock_guard<std::mutex> lock(mu_);
     step_.observe(s);
@@ -165,6 +172,14 @@ void Metrics::render_batching(std::ostream& os) const {
     os << "infoflow_kv_bytes_in_use " << kv_in_use_ << "\n";
     header(os, "infoflow_kv_bytes_limit", "gauge", "serve.kv_budget_mb in bytes");
     os << "infoflow_kv_bytes_limit " << kv_limit_ << "\n";
+    header(os, "infoflow_buffer_pool_bytes", "gauge",
+           "freed buffers rank 0 keeps for the next request (serve.buffer_pool_mb)");
+    os << "infoflow_buffer_pool_bytes " << pool_held_ << "\n";
+    header(os, "infoflow_buffer_pool_bytes_limit", "gauge", "serve.buffer_pool_mb in bytes");
+    os << "infoflow_buffer_pool_bytes_limit " << pool_limit_ << "\n";
+    header(os, "infoflow_buffer_pool_reused_total", "counter",
+           "allocations served from the pool instead of new memory");
+    os << "infoflow_buffer_pool_reused_total " << pool_reused_ << "\n";
     header(os, "infoflow_decode_step_seconds", "histogram",
            "time of one decode step over every decoding request");
     os << step_.render("infoflow_decode_step_seconds");

@@ -515,7 +515,9 @@ def report_soak(a, srv, timeout_s, results, rss):
             "outcomes": {k: len(v) for k, v in by.items()}, "lost": len(lost),
             "slow_without_504": len(slow), "rss_warm_p90_mib": p90(warm) if warm else None,
             "rss_later_p90_mib": p90(later) if later else None, "rss_growth": growth,
-            "rows_per_step": rows / steps if steps else 0.0}
+            "rows_per_step": rows / steps if steps else 0.0,
+            "buffer_pool_mib": m["infoflow_buffer_pool_bytes"] / 2**20,
+            "buffer_pool_reused": m["infoflow_buffer_pool_reused_total"]}
     series = [f"{m:.0f}" for t, m in rss if int(t * 2) % 20 == 0]  # one sample every 10 s
     log(f"rank 0 RSS (MiB, every 10 s): {' '.join(series)}")
     log(json.dumps(line))
@@ -526,6 +528,13 @@ def report_soak(a, srv, timeout_s, results, rss):
     check(not slow, f"{len(slow)} answers slower than the deadline without a 504: {slow[:3]}")
     check(len(by.get("ok", [])) >= 16, "too few answers")
     check(len(by.get("timeout", [])) >= 1, "no request met the deadline (504) under load")
+    # The pool of freed buffers (serve.buffer_pool_mb) served the requests after the first and
+    # stayed within its limit.
+    check(m["infoflow_buffer_pool_reused_total"] > 0, "the buffer pool was never reused")
+    check(0 < m["infoflow_buffer_pool_bytes_limit"] and
+          m["infoflow_buffer_pool_bytes"] <= m["infoflow_buffer_pool_bytes_limit"],
+          f"buffer pool {m['infoflow_buffer_pool_bytes']} bytes, limit "
+          f"{m['infoflow_buffer_pool_bytes_limit']}")
     check(growth <= 0.05, f"resident memory grew {growth * 100:.1f} % after warm-up "
           f"({p90(warm):.0f} -> {p90(later):.0f} MiB, 90th percentiles)")
     log(f"ok: soak of {a.duration:.0f} s, 16 clients on {a.np} rank(s): {len(results)} requests, "
