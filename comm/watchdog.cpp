@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "runtime/core/error.h"
+#include "runtime/core/pieces.h"
 
 namespace infoflow {
 
@@ -75,6 +76,7 @@ void Watchdog::wait(const std::function<bool()>& done, const std::string& phase,
     // the added latency is then at most 4 % of the wait, and less the longer it lasts).
     for (uint64_t polls = 0;; ++polls) {
         if (done()) return;
+        piece_wait_point();  // job serve: a decode step may run while this rank waits (pieces.h)
         const double waited = seconds_since(t0);
         if (channel_ && (polls % 64 == 0 || waited > 0.02)) channel_->serve(here);
         if (waited > timeout) {

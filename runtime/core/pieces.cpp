@@ -15,6 +15,16 @@ PieceScope*& current_scope() {
     return scope;
 }
 
+int& waits_depth() {
+    static thread_local int depth = 0;
+    return depth;
+}
+
+bool& in_wait() {
+    static thread_local bool flag = false;
+    return flag;
+}
+
 }  // namespace
 
 PieceScope::PieceScope(int piece_tokens, bool split_rows, std::function<void()> on_piece,
@@ -51,6 +61,23 @@ void piece_done(double work) {
     s->running_ = false;
     s->restart();  // the next piece's tokens and time count from here (context work only)
 }
+
+PieceWaits::PieceWaits() { ++waits_depth(); }
+PieceWaits::~PieceWaits() { --waits_depth(); }
+
+void piece_wait_point() {
+    if (waits_depth() == 0 || in_wait()) return;
+    in_wait() = true;
+    try {
+        piece_done(0.0);
+    } catch (...) {
+        in_wait() = false;
+        throw;
+    }
+    in_wait() = false;
+}
+
+bool piece_in_wait() { return in_wait(); }
 
 int piece_rows() {
     const PieceScope* s = current_scope();

@@ -67,6 +67,25 @@ class PieceScope {
 // After a piece of `work` tokens (see above).
 void piece_done(double work);
 
+// Inside a PieceWaits, this thread's waits for other ranks (comm/watchdog.h: every collective
+// and point-to-point wait polls) are points too: the callback runs there once the time slice
+// has passed, so on P ranks a decode step need not wait for a slower rank. Only where the work
+// holds nothing in the Model's scratch across its collectives (the recompute's layer loop of
+// exchange "kv" keeps its rows in buffers of its own): the callback's decode step uses it.
+class PieceWaits {
+  public:
+    PieceWaits();
+    ~PieceWaits();
+    PieceWaits(const PieceWaits&) = delete;
+    PieceWaits& operator=(const PieceWaits&) = delete;
+};
+
+// Called by the communicators' wait loops: piece_done(0.0) inside a PieceWaits, else nothing.
+void piece_wait_point();
+
+// Whether the callback running now was called from a wait (piece_wait_point).
+bool piece_in_wait();
+
 // The most rows one forward of this thread's work may take at a time: the scope's piece_tokens
 // when it splits rows, else unlimited.
 int piece_rows();

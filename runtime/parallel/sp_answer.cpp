@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "runtime/core/error.h"
+#include "runtime/core/pieces.h"
 #include "runtime/method/phases.h"
 #include "runtime/model/sampling.h"
 #include "runtime/parallel/dist_attention.h"
@@ -53,6 +54,9 @@ void forward_replicated(Model& model, Communicator& comm, KvCache& cache, int ke
         merge_partials_allgather(comm, be, out.data(), lse.data(), n * c.n_head, c.head_dim);
         if (on_layer) on_layer(l, q.data(), lse.data());
         model.layer_post(l, hidden, out.data(), n);
+        // A point for job serve's time slice (pieces.h; no tokens counted: the callers count
+        // their rows): this pass keeps its state in its own buffers, `hidden` and the cache.
+        piece_done(0.0);
     }
 }
 

@@ -467,6 +467,35 @@ void report_plan(const KvWork& w, const BalanceModel& bm, const std::string& lin
 
 }  // namespace
 
+// One layer after its K/V exchange, with job serve's scope cutting rows (pieces.h; only where
+// the products are row-independent, so the bits are those of one call): the moved tokens'
+// attention first (its collective, the same on every rank whatever it cuts), then the own
+// tokens' attention and MLP a piece of rows at a time, then the moved tokens' MLP.
+template <class Moved>
+void own_rows_in_pieces(Model& model, const KvCache& cache, int l, const KvRows& x, KvBuffers& b,
+                        bool any_moved, AttnParams& ap, const std::vector<std::pair<int, int>>& own,
+                        Moved&& moved) {
+    const ModelConfig& c = model.config();
+    const int qd = c.n_head * c.head_dim;
+    if (any_moved) moved();
+    for (const auto& [a, e] : own) {
+        cache.attn_kv(l, 0, ap);
+        ap.k_pos = cache.pos_data();
+        ap.n_kv = cache.size();
+        partial_attention(model.backend(), ap, b.q.data() + size_t(a) * qd, x.pos.data() + a,
+                          e - a, b.out.data() + size_t(a) * qd, nullptr);
+        model.layer_post(l, b.h.data() + size_t(a) * c.n_embd, b.out.data() + size_t(a) * qd,
+                         e - a);
+        piece_done(double(e - a) / c.n_layer);
+    }
+    const int help = x.n - x.n_kept;
+    if (help > 0) {
+        model.layer_post(l, b.h.data() + size_t(x.n_kept) * c.n_embd,
+                         b.out.data() + size_t(x.n_kept) * qd, help);
+        piece_done(double(help) / c.n_layer);
+    }
+}
+
 void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, const Shard& sh,
                   const SpSelection& sel, KvCache& cache, const Config& cfg,
                   MethodResult* result) {
@@ -495,6 +524,9 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
     ap.n_head = c.n_head;
     ap.n_head_kv = c.n_head_kv;
     ap.head_dim = c.head_dim;
+    // Its collectives wait with every row in b's buffers, none in the Model's scratch: job
+    // serve's decode steps may run inside them (pieces.h).
+    const PieceWaits waits;
     for (int l = 0; l < c.n_layer; ++l) {
         if (l < sel.first_layer) {
             by_owner->run(l);
@@ -508,14 +540,20 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
             all_to_all_v_backend(comm, be, b.q.data() + size_t(x.n_kept) * qd, b.q_send,
                                  b.q_in.data(), b.q_recv);
         }
-        // Own tokens: every key this rank holds; their outputs are final (no lse needed).
-        cache.attn_kv(l, 0, ap);
-        ap.k_pos = cache.pos_data();
-        ap.n_kv = cache.size();
-        partial_attention(be, ap, b.q.data(), x.pos.data(), x.n_kept, b.out.data(), nullptr);
-        if (any_moved) moved_attention(be, comm, c, cache, sh, l, x, b, keys, ap);
-        model.layer_post(l, b.h.data(), b.out.data(), x.n);
-        piece_done(double(x.n) / c.n_layer);  // a layer at a time (job serve, pieces.h)
+        const std::vector<std::pair<int, int>> own = piece_ranges(x.n_kept);
+        if (own.size() <= 1) {  // the layer in one piece
+            // Own tokens: every key this rank holds; their outputs are final (no lse needed).
+            cache.attn_kv(l, 0, ap);
+            ap.k_pos = cache.pos_data();
+            ap.n_kv = cache.size();
+            partial_attention(be, ap, b.q.data(), x.pos.data(), x.n_kept, b.out.data(), nullptr);
+            if (any_moved) moved_attention(be, comm, c, cache, sh, l, x, b, keys, ap);
+            model.layer_post(l, b.h.data(), b.out.data(), x.n);
+            piece_done(double(x.n) / c.n_layer);  // a layer at a time (job serve, pieces.h)
+        } else {
+            own_rows_in_pieces(model, cache, l, x, b, any_moved, ap, own,
+                               [&] { moved_attention(be, comm, c, cache, sh, l, x, b, keys, ap); });
+        }
     }
 }
 

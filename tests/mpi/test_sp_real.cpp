@@ -13,18 +13,24 @@
 // (tests/cpu_paths/cpu_paths.h): the activations are rounded to bf16 before every GEMM, so the
 // ~1e-7 by which the merge order of the attention partials moves them sometimes crosses a bf16
 // rounding boundary (measured 3e-3 - 6.4e-3 on 2 ranks, emulated tiles).
+// Also job serve's decode steps inside rank 0's waits in the recompute: the same bits.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
 #include <iterator>
 #include <string>
+#include <thread>
 
 #include "comm/communicator.h"
 #include "kernels/cpu/cpu_features.h"
+#include "runtime/core/pieces.h"
 #include "runtime/config/config.h"
 #include "runtime/formats/chat_template.h"
 #include "runtime/formats/gguf.h"
 #include "runtime/formats/tokenizer.h"
 #include "runtime/method/request.h"
+#include "runtime/model/batch_decode.h"
 #include "runtime/parallel/run.h"
 #include "tests/cpu_paths/cpu_paths.h"
 #include "tests/method/method_fixture.h"
@@ -171,5 +177,60 @@ TEST_CASE(
         } else {
             CHECK(rel_err(r.first_logits, o.first) <= tol);
         }
+    }
+}
+
+TEST_CASE("sp real: kv with decode steps inside rank 0's waits gives the same bits (job serve)",
+          "[sp][real]") {
+    // Job serve's rank 0 runs decode steps of other requests while its context work waits for
+    // the other ranks inside the recompute's collectives (runtime/core/pieces.h, PieceWaits),
+    // and between pieces of 32 rows of each recompute layer. Here: two bystander requests on
+    // the same Model step at every point rank 0's work reports and at every poll of its waits
+    // (a 1-ns slice); ranks > 0 sleep at each of their points so that rank 0 does wait. The
+    // result must be the bits of the plain run, and rank 0 must have stepped inside its waits
+    // and more than once per recompute layer.
+    Real s;
+    Config cfg = s.cfg;
+    cfg.method.name = Config::Method::infoflow;
+    cfg.parallel.exchange = Config::Exchange::kv;
+    cfg.method.ratio = 0.5;  // > 64 recomputed rows per rank: a layer is cut into pieces
+    const MethodResult plain = run_request(*s.m, s.req, cfg, *s.comm, {});
+    std::vector<std::unique_ptr<KvCache>> caches;
+    for (int i = 0; i < 2; ++i) {
+        caches.push_back(std::make_unique<KvCache>(s.m->make_cache(2000)));
+        std::vector<int32_t> toks(size_t(20 + 7 * i)), pos(toks.size());
+        for (size_t t = 0; t < toks.size(); ++t) toks[t] = int32_t(100 + 13 * t + i);
+        for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
+        s.m->forward(*caches.back(), toks, pos);
+    }
+    int steps = 0, steps_in_waits = 0;
+    const bool rank0 = s.comm->rank() == 0;
+    MethodResult cut;
+    {
+        const PieceScope scope(
+            32, true,
+            [&] {
+                if (!rank0) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                    return;
+                }
+                std::vector<DecodeRow> rows;
+                for (auto& c : caches) rows.push_back({c.get(), 42, int32_t(c->size()), -1});
+                decode_batch(*s.m, rows);
+                ++steps;
+                steps_in_waits += piece_in_wait() ? 1 : 0;
+            },
+            std::chrono::nanoseconds(1));
+        cut = run_request(*s.m, s.req, cfg, *s.comm, {});
+    }
+    CAPTURE(s.comm->size(), s.comm->rank(), steps, steps_in_waits);
+    CHECK(cut.selected_positions == plain.selected_positions);
+    CHECK(cut.answer == plain.answer);
+    if (rank0) {
+        REQUIRE(cut.first_logits.size() == plain.first_logits.size());
+        CHECK(std::memcmp(cut.first_logits.data(), plain.first_logits.data(),
+                          cut.first_logits.size() * sizeof(float)) == 0);
+        CHECK(steps_in_waits > 0);
+        CHECK(steps - steps_in_waits > 2 * s.m->config().n_layer);
     }
 }

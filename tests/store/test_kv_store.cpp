@@ -6,6 +6,7 @@
 // The fault tests that need processes (kill -9, concurrent builds, a full file system, h5py)
 // are tests/store/store_cli_test.sh.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "runtime/core/error.h"
 #include "runtime/core/fs.h"
 #include "runtime/core/half.h"
+#include "runtime/core/pieces.h"
 #include "runtime/jobs/jobs.h"
 #include "runtime/jobs/session.h"
 #include "runtime/method/chunk_store.h"
@@ -157,7 +159,15 @@ TEST_CASE("store: chunk source loads what it prefilled and reports it", "[cpu][s
     Config ro = rw;
     ro.store.mode = Config::StoreMode::read;
     ChunkSource src(m, req, ro);
-    src.load({2, 4});
+    int points = 0;
+    {
+        // Job serve's time slice (runtime/core/pieces.h; 1 ns: every point): a point after each
+        // document loaded.
+        const PieceScope scope(
+            1000000, true, [&] { ++points; }, std::chrono::nanoseconds(1));
+        src.load({2, 4});
+    }
+    CHECK(points == 2);
     CHECK(src.use().chunks_loaded == 2);
     CHECK(src.use().tokens_loaded == 23 + 30);
     CHECK(src.use().bytes_loaded > 0);
