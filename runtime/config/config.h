@@ -270,7 +270,7 @@ struct Config {
         int prefill_chunk = 64;
         // The most milliseconds of context work between two decode steps while requests
         // decode (0: only prefill_chunk bounds it).
-        double prefill_slice_ms = 5.0;
+        double prefill_slice_ms = 2.5;
         int kv_budget_mb = 4096;
         // MiB of freed buffers each rank keeps for the next request (kernels/cpu/buffer_pool.h).
         int buffer_pool_mb = 256;
