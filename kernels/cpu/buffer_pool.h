@@ -67,8 +67,8 @@ class BufferPool {
     size_t held_ = 0;
     uint64_t clock_ = 0;
     uint64_t reused_ = 0;
-    std::map<size_t, std::deque<Held>> free_;       // class -> blocks, oldest at the front
-    std::unordered_map<void*, size_t> class_of_;    // every pooled-size block out or held
+    std::map<size_t, std::deque<Held>> free_;     // class -> blocks, oldest at the front
+    std::unordered_map<void*, size_t> class_of_;  // every pooled-size block out or held
 };
 
 }  // namespace infoflow::cpu

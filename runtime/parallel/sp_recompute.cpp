@@ -482,8 +482,8 @@ void own_rows_in_pieces(Model& model, const KvCache& cache, int l, const KvRows&
         cache.attn_kv(l, 0, ap);
         ap.k_pos = cache.pos_data();
         ap.n_kv = cache.size();
-        partial_attention(model.backend(), ap, b.q.data() + size_t(a) * qd, x.pos.data() + a,
-                          e - a, b.out.data() + size_t(a) * qd, nullptr);
+        partial_attention(model.backend(), ap, b.q.data() + size_t(a) * qd, x.pos.data() + a, e - a,
+                          b.out.data() + size_t(a) * qd, nullptr);
         model.layer_post(l, b.h.data() + size_t(a) * c.n_embd, b.out.data() + size_t(a) * qd,
                          e - a);
         piece_done(double(e - a) / c.n_layer);

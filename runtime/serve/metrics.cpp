@@ -29,6 +29,13 @@ void header(std::ostream& os, const std::string& name, const char* type, const c
     os << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
 }
 
+// A metric of one value: its header and its line.
+template <class T>
+void scalar(std::ostream& os, const char* name, const char* type, const char* help, T value) {
+    header(os, name, type, help);
+    os << name << " " << value << "\n";
+}
+
 }  // namespace
 
 Histogram::Histogram(std::vector<double> bounds)
@@ -158,42 +165,31 @@ Metrics::Load Metrics::load() const {
 }
 
 void Metrics::render_batching(std::ostream& os) const {
-    header(os, "infoflow_requests_running", "gauge",
-           "requests admitted: decoding, or in their context work");
-    os << "infoflow_requests_running " << running_ << "\n";
-    header(os, "infoflow_requests_waiting", "gauge", "requests queued, not yet admitted");
-    os << "infoflow_requests_waiting " << queue_depth_ << "\n";
-    header(os, "infoflow_max_batch", "gauge", "serve.max_batch");
-    os << "infoflow_max_batch " << max_batch_ << "\n";
-    header(os, "infoflow_batch_size", "gauge", "requests in the last decode step");
-    os << "infoflow_batch_size " << batch_size_ << "\n";
-    header(os, "infoflow_kv_bytes_in_use", "gauge",
-           "KV memory held by the running requests on rank 0 (a prefill at its peak)");
-    os << "infoflow_kv_bytes_in_use " << kv_in_use_ << "\n";
-    header(os, "infoflow_kv_bytes_limit", "gauge", "serve.kv_budget_mb in bytes");
-    os << "infoflow_kv_bytes_limit " << kv_limit_ << "\n";
-    header(os, "infoflow_buffer_pool_bytes", "gauge",
-           "freed buffers rank 0 keeps for the next request (serve.buffer_pool_mb)");
-    os << "infoflow_buffer_pool_bytes " << pool_held_ << "\n";
-    header(os, "infoflow_buffer_pool_bytes_limit", "gauge", "serve.buffer_pool_mb in bytes");
-    os << "infoflow_buffer_pool_bytes_limit " << pool_limit_ << "\n";
-    header(os, "infoflow_buffer_pool_reused_total", "counter",
-           "allocations served from the pool instead of new memory");
-    os << "infoflow_buffer_pool_reused_total " << pool_reused_ << "\n";
+    scalar(os, "infoflow_requests_running", "gauge",
+           "requests admitted: decoding, or in their context work", running_);
+    scalar(os, "infoflow_requests_waiting", "gauge", "requests queued, not yet admitted",
+           queue_depth_);
+    scalar(os, "infoflow_max_batch", "gauge", "serve.max_batch", max_batch_);
+    scalar(os, "infoflow_batch_size", "gauge", "requests in the last decode step", batch_size_);
+    scalar(os, "infoflow_kv_bytes_in_use", "gauge",
+           "KV memory held by the running requests on rank 0 (a prefill at its peak)", kv_in_use_);
+    scalar(os, "infoflow_kv_bytes_limit", "gauge", "serve.kv_budget_mb in bytes", kv_limit_);
+    scalar(os, "infoflow_buffer_pool_bytes", "gauge",
+           "freed buffers rank 0 keeps for the next request (serve.buffer_pool_mb)", pool_held_);
+    scalar(os, "infoflow_buffer_pool_bytes_limit", "gauge", "serve.buffer_pool_mb in bytes",
+           pool_limit_);
+    scalar(os, "infoflow_buffer_pool_reused_total", "counter",
+           "allocations served from the pool instead of new memory", pool_reused_);
     header(os, "infoflow_decode_step_seconds", "histogram",
            "time of one decode step over every decoding request");
     os << step_.render("infoflow_decode_step_seconds");
-    header(os, "infoflow_decode_steps_total", "counter", "decode steps");
-    os << "infoflow_decode_steps_total " << steps_ << "\n";
-    header(os, "infoflow_decode_rows_total", "counter",
-           "request rows over all decode steps (rows / steps = the mean batch size)");
-    os << "infoflow_decode_rows_total " << step_rows_ << "\n";
-    header(os, "infoflow_decode_steps_batched_total", "counter",
-           "decode steps over more than one request");
-    os << "infoflow_decode_steps_batched_total " << batched_steps_ << "\n";
-    header(os, "infoflow_decode_steps_in_prefill_total", "counter",
-           "decode steps run between two pieces of a request's context work");
-    os << "infoflow_decode_steps_in_prefill_total " << prefill_steps_ << "\n";
+    scalar(os, "infoflow_decode_steps_total", "counter", "decode steps", steps_);
+    scalar(os, "infoflow_decode_rows_total", "counter",
+           "request rows over all decode steps (rows / steps = the mean batch size)", step_rows_);
+    scalar(os, "infoflow_decode_steps_batched_total", "counter",
+           "decode steps over more than one request", batched_steps_);
+    scalar(os, "infoflow_decode_steps_in_prefill_total", "counter",
+           "decode steps run between two pieces of a request's context work", prefill_steps_);
     header(os, "infoflow_inter_token_latency_seconds", "histogram",
            "time between two consecutive tokens of a request");
     os << itl_.render("infoflow_inter_token_latency_seconds");
@@ -202,10 +198,9 @@ void Metrics::render_batching(std::ostream& os) const {
 std::string Metrics::render() const {
     std::lock_guard<std::mutex> lock(mu_);
     std::ostringstream os;
-    header(os, "infoflow_up", "gauge", "1 when the model is loaded on every rank and serving");
-    os << "infoflow_up " << (ready_ ? 1 : 0) << "\n";
-    header(os, "infoflow_ranks", "gauge", "MPI ranks of the server");
-    os << "infoflow_ranks " << ranks_ << "\n";
+    scalar(os, "infoflow_up", "gauge", "1 when the model is loaded on every rank and serving",
+           (ready_ ? 1 : 0));
+    scalar(os, "infoflow_ranks", "gauge", "MPI ranks of the server", ranks_);
     header(os, "infoflow_requests_total", "counter", "HTTP requests by route and status code");
     for (const auto& [k, n] : requests_) {
         os << "infoflow_requests_total{route=\"" << k.first << "\",status=\"" << k.second << "\"} "
@@ -220,10 +215,10 @@ std::string Metrics::render() const {
     header(os, "infoflow_request_duration_seconds", "histogram",
            "arrival of a completion request to its last token");
     os << e2e_.render("infoflow_request_duration_seconds");
-    header(os, "infoflow_prompt_tokens_total", "counter", "prompt tokens of finished completions");
-    os << "infoflow_prompt_tokens_total " << prompt_tokens_ << "\n";
-    header(os, "infoflow_generated_tokens_total", "counter", "tokens generated");
-    os << "infoflow_generated_tokens_total " << completion_tokens_ << "\n";
+    scalar(os, "infoflow_prompt_tokens_total", "counter", "prompt tokens of finished completions",
+           prompt_tokens_);
+    scalar(os, "infoflow_generated_tokens_total", "counter", "tokens generated",
+           completion_tokens_);
     header(os, "infoflow_cancelled_total", "counter",
            "generations ended early, by reason (client_disconnect, timeout)");
     for (const char* r : {"client_disconnect", "timeout"}) {
@@ -231,19 +226,15 @@ std::string Metrics::render() const {
         os << "infoflow_cancelled_total{reason=\"" << r << "\"} "
            << (it == cancels_.end() ? 0 : it->second) << "\n";
     }
-    header(os, "infoflow_queue_depth", "gauge", "requests queued, not yet admitted");
-    os << "infoflow_queue_depth " << queue_depth_ << "\n";
+    scalar(os, "infoflow_queue_depth", "gauge", "requests queued, not yet admitted", queue_depth_);
     render_batching(os);
-    header(os, "infoflow_queue_capacity", "gauge", "serve.queue_size");
-    os << "infoflow_queue_capacity " << queue_capacity_ << "\n";
-    header(os, "infoflow_store_hits_total", "counter",
-           "context documents loaded from the KV store");
-    os << "infoflow_store_hits_total " << store_hits_ << "\n";
-    header(os, "infoflow_store_misses_total", "counter",
-           "context documents prefilled because the store did not hold them");
-    os << "infoflow_store_misses_total " << store_misses_ << "\n";
-    header(os, "infoflow_store_added_total", "counter", "documents added to the KV store");
-    os << "infoflow_store_added_total " << store_added_ << "\n";
+    scalar(os, "infoflow_queue_capacity", "gauge", "serve.queue_size", queue_capacity_);
+    scalar(os, "infoflow_store_hits_total", "counter", "context documents loaded from the KV store",
+           store_hits_);
+    scalar(os, "infoflow_store_misses_total", "counter",
+           "context documents prefilled because the store did not hold them", store_misses_);
+    scalar(os, "infoflow_store_added_total", "counter", "documents added to the KV store",
+           store_added_);
     header(os, "infoflow_bytes_moved_total", "counter",
            "bytes the ranks sent and received, by phase (all ranks summed)");
     for (const auto& [phase, b] : bytes_) {

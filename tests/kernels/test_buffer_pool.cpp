@@ -2,11 +2,11 @@
 // class, the limit (eviction of the oldest, blocks over the limit freed), no pool by default,
 // and the CPU backend's buffers going through it.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <thread>
-#include <chrono>
 #include <vector>
 
 #include "kernels/backend.h"
