@@ -467,17 +467,14 @@ void report_plan(const KvWork& w, const BalanceModel& bm, const std::string& lin
 
 }  // namespace
 
-// One layer after its K/V exchange, with job serve's scope cutting rows (pieces.h; only where
-// the products are row-independent, so the bits are those of one call): the moved tokens'
-// attention first (its collective, the same on every rank whatever it cuts), then the own
-// tokens' attention and MLP a piece of rows at a time, then the moved tokens' MLP.
-template <class Moved>
+// The rest of one layer, with job serve's scope cutting rows (pieces.h; only where the products
+// are row-independent, so the bits are those of one call), after the moved tokens' attention
+// (its collective, the same on every rank whatever it cuts): the own tokens' attention and MLP
+// a piece of rows at a time, then the moved tokens' MLP.
 void own_rows_in_pieces(Model& model, const KvCache& cache, int l, const KvRows& x, KvBuffers& b,
-                        bool any_moved, AttnParams& ap, const std::vector<std::pair<int, int>>& own,
-                        Moved&& moved) {
+                        AttnParams& ap, const std::vector<std::pair<int, int>>& own) {
     const ModelConfig& c = model.config();
     const int qd = c.n_head * c.head_dim;
-    if (any_moved) moved();
     for (const auto& [a, e] : own) {
         cache.attn_kv(l, 0, ap);
         ap.k_pos = cache.pos_data();
@@ -551,8 +548,8 @@ void recompute_kv(Model& model, Communicator& comm, const PreparedRequest& req, 
             model.layer_post(l, b.h.data(), b.out.data(), x.n);
             piece_done(double(x.n) / c.n_layer);  // a layer at a time (job serve, pieces.h)
         } else {
-            own_rows_in_pieces(model, cache, l, x, b, any_moved, ap, own,
-                               [&] { moved_attention(be, comm, c, cache, sh, l, x, b, keys, ap); });
+            if (any_moved) moved_attention(be, comm, c, cache, sh, l, x, b, keys, ap);
+            own_rows_in_pieces(model, cache, l, x, b, ap, own);
         }
     }
 }
