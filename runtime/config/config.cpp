@@ -764,6 +764,7 @@ const std::vector<Field>& fields() {
         f.push_back(float_field("serve.prefill_slice_ms", sv, &Sv::prefill_slice_ms, 0.0));
         f.push_back(int_field("serve.kv_budget_mb", sv, &Sv::kv_budget_mb, 1));
         f.push_back(int_field("serve.buffer_pool_mb", sv, &Sv::buffer_pool_mb, 0));
+        f.push_back(int_field("serve.prefix_cache_mb", sv, &Sv::prefix_cache_mb, 0));
         f.push_back(int_field("serve.max_body_bytes", sv, &Sv::max_body_bytes, 1024));
         f.push_back(int_field("serve.max_tokens", sv, &Sv::max_tokens, 1));
         f.push_back(float_field("serve.request_timeout_s", sv, &Sv::request_timeout_s, 0.001));

@@ -274,6 +274,8 @@ struct Config {
         int kv_budget_mb = 4096;
         // MiB of freed buffers each rank keeps for the next request (kernels/cpu/buffer_pool.h).
         int buffer_pool_mb = 256;
+        // MiB of chunk-0 K/V (the chat prefix) each rank keeps across requests (prefix_cache.h).
+        int prefix_cache_mb = 64;
         int max_body_bytes = 8 << 20;    // request body limit (413 beyond)
         int max_tokens = 1024;           // cap on a request's max_tokens (400 beyond)
         double request_timeout_s = 300;  // arrival to last token (504 beyond)

@@ -392,6 +392,12 @@ const std::map<std::string, std::string>& descriptions() {
          "K/V, the KV cache, scratch), so it need not page-fault them in again after the memory "
          "freed by the last one went back to the system; the resident memory beyond what is in "
          "use stays under it; 0 = keep none (docs/serve.md \"Memory\")"},
+        {"serve.prefix_cache_mb",
+         "MiB of K/V each rank keeps of chunk 0 (the chat prefix and the instruction before the "
+         "documents: the same for every request with the same system prompt), so that the next "
+         "request with that prefix copies it instead of prefilling it (the same bits); least "
+         "recently used first out; 0 = prefill it for every request (docs/serve.md "
+         "\"Batching\")"},
         {"serve.max_body_bytes", "largest request body in bytes (413 beyond)"},
         {"serve.max_tokens",
          "largest `max_tokens` / `max_completion_tokens` a request may ask for (400 beyond); "

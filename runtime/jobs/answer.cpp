@@ -136,7 +136,12 @@ MethodResult answer_request(const Config& cfg, Session& s, const PreparedRequest
     progress::note(std::string("method ") + to_string(m) + ": " + std::to_string(T) +
                    " context tokens in " + std::to_string(req.n_chunks()) + " chunks, " +
                    std::to_string(req.suffix.size()) + " suffix tokens");
-    return run_request(*s.model, req, cfg, *s.comm, s.tok().stop_ids(), hooks);
+    if (!s.prefix_cache || hooks.prefix_cache) {
+        return run_request(*s.model, req, cfg, *s.comm, s.tok().stop_ids(), hooks);
+    }
+    RunHooks with_cache = hooks;  // the session keeps chunk 0 across its requests
+    with_cache.prefix_cache = s.prefix_cache.get();
+    return run_request(*s.model, req, cfg, *s.comm, s.tok().stop_ids(), with_cache);
 }
 
 namespace {

@@ -36,6 +36,10 @@ nlohmann::json run_serve(const Config& cfg, Communicator& comm) {
     st.s = s.get();
     // Freed buffers kept for the next request (docs/serve.md "Memory"), on every rank.
     s->model->backend().set_buffer_pool(size_t(cfg.serve.buffer_pool_mb) << 20);
+    // Chunk 0 kept across requests (docs/serve.md "Batching"), on every rank.
+    if (cfg.serve.prefix_cache_mb > 0) {
+        s->prefix_cache = std::make_unique<PrefixKvCache>(size_t(cfg.serve.prefix_cache_mb) << 20);
+    }
     if (comm.rank() == 0) api.set_session();
     api.check_store();
     // Many requests print one line each; the per-phase progress lines would drown them.

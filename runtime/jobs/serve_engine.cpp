@@ -337,6 +337,9 @@ void ServeEngine::finish(Running& run) {
     return_free_memory();
     const BufferPoolStats pool = st_.s->model->backend().buffer_pool();
     st_.metrics.set_buffer_pool(pool.held, pool.limit, pool.reused);
+    if (const PrefixKvCache* pc = st_.s->prefix_cache.get()) {
+        st_.metrics.set_prefix_cache(pc->bytes(), pc->hits(), pc->misses());
+    }
     st_.sched.release(run.task);
     ++served_;
     st_.queue.record_service_time(seconds(Clock::now() - run.admitted));

@@ -12,6 +12,7 @@
 #include "runtime/formats/chat_template.h"
 #include "runtime/formats/tokenizer.h"
 #include "runtime/model/model.h"
+#include "runtime/method/prefix_cache.h"
 #include "runtime/model/weights.h"
 
 namespace infoflow {
@@ -45,6 +46,9 @@ struct Session {
     std::vector<std::string> devices;
     // Where every rank ran, by rank (gather_placement); result JSON "placement".
     std::vector<RankPlacement> placement;
+    // Chunk 0 kept across this session's requests (job serve: serve.prefix_cache_mb); null:
+    // prefilled for every request. answer_request hands it to the pipeline.
+    std::unique_ptr<PrefixKvCache> prefix_cache;
 
     const Tokenizer& tok() const;  // errors when the model has no tokenizer
     const ChatTemplate& chat_template() const;

@@ -133,6 +133,11 @@ void ChunkSource::load(const std::vector<int>& which) {
     use_.load_ms += ms_since(t0);
 }
 
+ChunkKv ChunkSource::prefix() {
+    const std::vector<int32_t>& tokens = req_.chunks[0];
+    return prefix_cache_ ? prefix_cache_->get(model_, tokens) : prefill_chunk(model_, tokens, -1);
+}
+
 std::vector<ChunkKv> ChunkSource::take(const std::vector<int>& which) {
     std::vector<std::vector<int32_t>> missing;
     std::vector<int> missing_at;

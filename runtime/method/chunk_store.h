@@ -12,6 +12,7 @@
 
 #include "runtime/config/config.h"
 #include "runtime/method/chunk_kv.h"
+#include "runtime/method/prefix_cache.h"
 #include "runtime/method/request.h"
 #include "runtime/model/model.h"
 
@@ -55,6 +56,10 @@ class ChunkSource {
     ChunkSource& operator=(const ChunkSource&) = delete;
 
     bool uses_store() const { return store_ != nullptr; }
+    // Chunk 0 from `cache` (kept across requests) instead of a fresh prefill; nullptr: none.
+    void set_prefix_cache(PrefixKvCache* cache) { prefix_cache_ = cache; }
+    // Chunk 0 of the request, prefilled exactly (prefill_chunk with no sink) or its kept copy.
+    ChunkKv prefix();
     bool writes() const { return writable_ && !prefilled_.empty(); }
 
     // Loads the chunks of `which` (indices >= 1 into req.chunks) that the store holds.
@@ -78,6 +83,7 @@ class ChunkSource {
     std::vector<ChunkKv> loaded_;
     std::vector<int> prefilled_;
     StoreUse use_;
+    PrefixKvCache* prefix_cache_ = nullptr;
 };
 
 }  // namespace infoflow

@@ -59,7 +59,7 @@ std::vector<ChunkKv> prefill_context(Model& model, const PreparedRequest& req, i
     const int lead = req.sink_id >= 0 ? 1 : 0;
     for (int i = 0; i < req.n_chunks(); ++i) {
         if (i == 0) {
-            chunks.push_back(prefill_chunk(model, req.chunks[0], -1));
+            chunks.push_back(source ? source->prefix() : prefill_chunk(model, req.chunks[0], -1));
         } else if (i >= first && i < end) {
             chunks.push_back(std::move(own[i - first]));
         } else {  // a chunk this rank does not hold: sizes and local positions (for layouts)

@@ -370,6 +370,7 @@ MethodResult run_method(Model& model, const PreparedRequest& req, const Config& 
     // Phase 1: chunk 0 exact, chunks >= 1 with the sink, or loaded from the KV store
     // (store.path) as their own phase.
     ChunkSource source(model, req, cfg);
+    source.set_prefix_cache(hooks.prefix_cache);
     std::vector<ChunkKv> own;
     if (!hooks.chunks) {
         own = prefill_context(model, req, 1, req.n_chunks(), &source,

@@ -10,6 +10,7 @@
 
 #include "runtime/config/config.h"
 #include "runtime/method/chunk_kv.h"
+#include "runtime/method/prefix_cache.h"
 #include "runtime/method/request.h"
 #include "runtime/model/generate.h"
 #include "runtime/model/model.h"
@@ -103,6 +104,9 @@ struct RunHooks {
     // store is written); its "decode" phase is empty, for the caller to fill in. Not with
     // "exact" or ring attention, whose decode needs every rank.
     std::function<void(KvCache&& cache, int32_t group, MethodResult& r)> take_cache;
+    // Chunk 0 from this cache, kept across requests (job serve; the same bits as its prefill,
+    // prefix_cache.h). Every pipeline that prefills chunks takes it; nullptr: prefilled.
+    PrefixKvCache* prefix_cache = nullptr;
     // Teacher forcing inside a sequence-parallel run (run_method_sp; job sweep on virtual
     // ranks), where no one rank's cache is the prompt: the tokens of `forced_ref` are fed after
     // the prompt (over rank 0's cache in "kv", across the ranks in "exact") and their rows of

@@ -78,6 +78,7 @@ MethodResult run_method_sp(Model& model, const PreparedRequest& req_in, const Co
     // store_load, every rank reading the same file)
     clock.begin(cfg.store.path.empty() ? "shard_prefill" : "store_load");
     ChunkSource source(model, req, cfg);
+    source.set_prefix_cache(hooks.prefix_cache);
     ShardPrefill p = shard_prefill(
         model, req, cfg, comm.rank(), comm.size(), &source,
         [&] {

@@ -137,6 +137,13 @@ void Metrics::set_buffer_pool(uint64_t held_bytes, uint64_t limit_bytes, uint64_
     pool_reused_ = reused;
 }
 
+void Metrics::set_prefix_cache(uint64_t held_bytes, uint64_t hits, uint64_t misses) {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefix_held_ = held_bytes;
+    prefix_hits_ = hits;
+    prefix_misses_ = misses;
+}
+
 void Metrics::observe_decode_step(double s, int rows, bool in_prefill) {
     std::lock_guard<std::mutex> lock(mu_);
     step_.observe(s);
@@ -180,6 +187,12 @@ void Metrics::render_batching(std::ostream& os) const {
            pool_limit_);
     scalar(os, "infoflow_buffer_pool_reused_total", "counter",
            "allocations served from the pool instead of new memory", pool_reused_);
+    scalar(os, "infoflow_prefix_cache_bytes", "gauge",
+           "chunk-0 K/V rank 0 keeps across requests (serve.prefix_cache_mb)", prefix_held_);
+    scalar(os, "infoflow_prefix_cache_hits_total", "counter",
+           "requests whose chunk 0 was copied from the prefix cache", prefix_hits_);
+    scalar(os, "infoflow_prefix_cache_misses_total", "counter",
+           "requests whose chunk 0 was prefilled", prefix_misses_);
     header(os, "infoflow_decode_step_seconds", "histogram",
            "time of one decode step over every decoding request");
     os << step_.render("infoflow_decode_step_seconds");

@@ -51,6 +51,8 @@ class Metrics {
     void set_kv(uint64_t in_use_bytes, uint64_t limit_bytes);
     // Rank 0's pool of freed buffers (serve.buffer_pool_mb): held, its limit, reuses so far.
     void set_buffer_pool(uint64_t held_bytes, uint64_t limit_bytes, uint64_t reused);
+    // Rank 0's prefix cache (serve.prefix_cache_mb): bytes held, chunk 0s copied, prefilled.
+    void set_prefix_cache(uint64_t held_bytes, uint64_t hits, uint64_t misses);
     // One decode step over `rows` requests that took `s` seconds; `in_prefill`: run between two
     // pieces of a request's context work.
     void observe_decode_step(double s, int rows, bool in_prefill);
@@ -77,6 +79,7 @@ class Metrics {
     int running_ = 0, max_batch_ = 0, batch_size_ = 0;
     uint64_t kv_in_use_ = 0, kv_limit_ = 0;
     uint64_t pool_held_ = 0, pool_limit_ = 0, pool_reused_ = 0;
+    uint64_t prefix_held_ = 0, prefix_hits_ = 0, prefix_misses_ = 0;
     uint64_t prompt_tokens_ = 0, completion_tokens_ = 0;
     uint64_t store_hits_ = 0, store_misses_ = 0, store_added_ = 0;
     int queue_depth_ = 0, queue_capacity_ = 0;

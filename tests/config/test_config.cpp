@@ -204,6 +204,7 @@ prefill_chunk = 128
 prefill_slice_ms = 12.5
 kv_budget_mb = 100
 buffer_pool_mb = 48
+prefix_cache_mb = 3
 max_body_bytes = 4096
 max_tokens = 64
 request_timeout_s = 10.0
@@ -375,6 +376,7 @@ TEST_CASE("every key of every section loads", "[cpu][config]") {
     CHECK(c.serve.prefill_slice_ms == 12.5);
     CHECK(c.serve.kv_budget_mb == 100);
     CHECK(c.serve.buffer_pool_mb == 48);
+    CHECK(c.serve.prefix_cache_mb == 3);
     CHECK(c.output.path == "out/r.json");
     CHECK(c.output.csv == "out/r.csv");
     CHECK(c.output.name == "r");

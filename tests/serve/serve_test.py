@@ -174,6 +174,13 @@ def case_openai(a):
         if a.np > 1:
             check(m.get('infoflow_bytes_moved_total{phase="recompute",direction="sent"}', 0) > 0,
                   "metrics: no bytes moved in recompute on 2 ranks")
+        # Chunk 0 (the chat prefix) came from the prefix cache after the first request -- the
+        # infoflow stream, and on 2 ranks the exact exchange's two -- and those answers equal
+        # the answer job's above (a fresh process, no cache).
+        hits = m.get("infoflow_prefix_cache_hits_total", 0)
+        misses = m.get("infoflow_prefix_cache_misses_total", 0)
+        check(hits >= (3 if a.np > 1 else 1) and misses >= 1,
+              f"metrics: prefix cache {hits} hits, {misses} misses")
         models = json.loads(subprocess.run(["curl", "-s", f"{srv.base_url}/models"],
                                            capture_output=True, text=True, timeout=30).stdout)
         check(models["data"][0]["infoflow"]["ranks"] == a.np, "models: ranks")
