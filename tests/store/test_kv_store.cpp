@@ -162,12 +162,13 @@ TEST_CASE("store: chunk source loads what it prefilled and reports it", "[cpu][s
     int points = 0;
     {
         // Job serve's time slice (runtime/core/pieces.h; 1 ns: every point): a point after each
-        // document loaded.
+        // layer read from the file, after each layer brought into the model's KV type, and
+        // after each document loaded.
         const PieceScope scope(
             1000000, true, [&] { ++points; }, std::chrono::nanoseconds(1));
         src.load({2, 4});
     }
-    CHECK(points == 2);
+    CHECK(points == 2 * (2 * tm.w.config.n_layer + 1));
     CHECK(src.use().chunks_loaded == 2);
     CHECK(src.use().tokens_loaded == 23 + 30);
     CHECK(src.use().bytes_loaded > 0);
