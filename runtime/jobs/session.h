@@ -11,8 +11,8 @@
 #include "runtime/config/config.h"
 #include "runtime/formats/chat_template.h"
 #include "runtime/formats/tokenizer.h"
-#include "runtime/model/model.h"
 #include "runtime/method/prefix_cache.h"
+#include "runtime/model/model.h"
 #include "runtime/model/weights.h"
 
 namespace infoflow {
